@@ -1,0 +1,270 @@
+"""The reference interpreter: the executable definition of the IR.
+
+Kernel graphs run node by node. A custom op's block graph runs literally: for every block of the
+grid, for every loop iteration, each input tile is sliced by imap/fmap, the body runs on tiles,
+accumulators combine, the epilogue runs, and each output tile is written where its omap says.
+Every op's meaning comes from a semantics object (NumPy float64 by default), so verification
+can run the same schedule over a finite field.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from mugraph.ir.block import BlockGraph, Phase
+from mugraph.ir.dtypes import DType
+from mugraph.ir.errors import InvalidGraph, InvalidInput
+from mugraph.ir.graph import KernelGraph
+from mugraph.ir.node import BNode, KNode
+from mugraph.ir.ops import BOp, KOp, TOp
+from mugraph.ir.semantics import FLOAT64, OWN_DTYPE
+from mugraph.ir.shapes import mma_dtype
+
+F32 = DType.FLOAT32
+
+
+def interpret(graph, arrays, *, dtype=None, semantics=None) -> list[np.ndarray]:
+    """Run `graph` (a KernelGraph or BlockGraph) on `arrays` and return its outputs.
+
+    `arrays`: a sequence in input order, or a mapping by input name (kernel graphs).
+    `dtype`: "float64" (default: exact reference) or "own" (each tensor's dtype, fp32 math).
+    `semantics`: any object with the NumpySemantics interface; overrides `dtype`.
+    """
+    sem = semantics or _semantics_for(dtype)
+    if isinstance(graph, BlockGraph):
+        shapes = [(n.arg.shape, n.arg.dtype) for n in graph.inputs]
+        values = [sem.input(a, d) for a, (s, d) in zip(_check_arrays(arrays, shapes), shapes)]
+        return run_block_graph(sem, graph, values)
+    if not isinstance(graph, KernelGraph):
+        raise InvalidInput(f"interpret takes a KernelGraph or BlockGraph, got {type(graph).__name__}")
+    return _run_kernel_graph(sem, graph, arrays)
+
+
+def _semantics_for(dtype):
+    if dtype is None or dtype in ("float64", np.float64):
+        return FLOAT64
+    if dtype == "own":
+        return OWN_DTYPE
+    raise InvalidInput(f"interpret dtype={dtype!r}", hint='use "float64" or "own"')
+
+
+def _check_arrays(arrays, shapes) -> list:
+    arrays = list(arrays)
+    if len(arrays) != len(shapes):
+        raise InvalidInput(f"expected {len(shapes)} arrays, got {len(arrays)}")
+    for i, (a, (shape, _)) in enumerate(zip(arrays, shapes)):
+        if tuple(np.shape(a)) != tuple(shape):
+            raise InvalidInput(f"array {i} has shape {tuple(np.shape(a))}, expected {tuple(shape)}")
+    return arrays
+
+
+def bind_inputs(graph: KernelGraph, arrays) -> list:
+    """Order `arrays` (sequence or mapping by name) as `graph.inputs`, checking shapes."""
+    names = graph.input_names
+    if isinstance(arrays, Mapping):
+        missing = [n for n in names if n not in arrays]
+        extra = [n for n in arrays if n not in names]
+        if missing or extra:
+            raise InvalidInput(f"inputs by name: missing {missing}, unexpected {extra}",
+                               hint=f"the graph's inputs are {list(names)}")
+        arrays = [arrays[n] for n in names]
+    elif not isinstance(arrays, Sequence) and not isinstance(arrays, np.ndarray):
+        raise InvalidInput(f"pass the inputs as a list or a dict, got {type(arrays).__name__}")
+    arrays = list(arrays)
+    if len(arrays) != len(names):
+        raise InvalidInput(f"the graph takes {len(names)} inputs {list(names)}, got {len(arrays)} arrays")
+    for name, node, a in zip(names, graph.inputs, arrays):
+        if tuple(np.shape(a)) != node.shape:
+            raise InvalidInput(f"input {name!r} has shape {tuple(np.shape(a))}, the graph expects "
+                               f"{node.shape}", hint="pass arrays of the traced shapes")
+    return arrays
+
+
+def _run_kernel_graph(sem, graph: KernelGraph, arrays) -> list[np.ndarray]:
+    values: dict[KNode, np.ndarray] = {
+        n: sem.input(a, n.dtype) for n, a in zip(graph.inputs, bind_inputs(graph, arrays))}
+    custom_results: dict[tuple, list] = {}
+    for node in graph.nodes:
+        if node in values:
+            continue
+        srcs = [values[s] for s in node.srcs]
+        if node.op is KOp.CUSTOM:
+            key = (node.arg[0], node.srcs)
+            if key not in custom_results:
+                custom_results[key] = run_block_graph(sem, node.arg[0], srcs)
+            values[node] = custom_results[key][node.arg[1]]
+        else:
+            values[node] = KERNEL_EVAL[node.op](sem, node, srcs)
+    return [values[o] for o in graph.outputs]
+
+
+# ---- kernel ops ----------------------------------------------------------------------------------
+def _rms_norm(sem, node, x, dtype):
+    """x * rsqrt(mean(x^2, dim) + eps), computed in fp32 (or float64) and rounded once."""
+    dim, eps = node.arg
+    sq = sem.elementwise(TOp.MUL, [x, x], None, F32)
+    mean = sem.elementwise(TOp.DIV, [sem.reduce_sum(sq, dim, F32),
+                                     sem.constant(float(x.shape[dim]), (1,), F32)], None, F32)
+    r = sem.elementwise(TOp.RSQRT, [sem.elementwise(TOp.ADD, [mean, sem.constant(eps, (1,), F32)],
+                                                    None, F32)], None, F32)
+    return sem.elementwise(TOp.MUL, [x, r], None, dtype)
+
+
+def _elementwise(sem, node, srcs):
+    return sem.elementwise(node.op, srcs, node.arg, node.dtype)
+
+
+KERNEL_EVAL = {
+    KOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
+    KOp.MATMUL: lambda sem, n, s: sem.matmul(s[0], s[1], n.dtype),
+    KOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, n.dtype),
+    KOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, n.dtype),
+    KOp.RMS_NORM: lambda sem, n, s: _rms_norm(sem, n, s[0], n.dtype),
+    KOp.CONCAT: lambda sem, n, s: sem.cast(np.concatenate(s, axis=n.arg), n.dtype),
+    KOp.TRANSPOSE: lambda sem, n, s: np.ascontiguousarray(np.transpose(s[0], n.arg)),
+    KOp.RESHAPE: lambda sem, n, s: np.reshape(s[0], n.arg),
+    KOp.BROADCAST: lambda sem, n, s: np.ascontiguousarray(np.broadcast_to(s[0], n.arg)),
+} | {op: _elementwise for op in TOp}
+
+
+# ---- block graphs --------------------------------------------------------------------------------
+def _tile_slices(spec, bid, iteration) -> tuple:
+    """Index of one block's (and iteration's) tile of an input, by its imap and fmap."""
+    tile = spec.tile_shape
+    start = [0] * len(spec.shape)
+    for axis, dim in enumerate(spec.imap):
+        if dim is not None:
+            start[dim] += bid[axis] * (spec.shape[dim] // spec.grid[axis])
+    if spec.fmap is not None:
+        start[spec.fmap] += iteration * tile[spec.fmap]
+    return tuple(slice(s, s + t) for s, t in zip(start, tile))
+
+
+def _out_slices(out, bid) -> tuple:
+    tile = out.node.shape
+    start = [0] * len(tile)
+    for axis, dim in enumerate(out.omap):
+        if dim is not None:
+            start[dim] = bid[axis] * tile[dim]
+    return tuple(slice(s, s + t) for s, t in zip(start, tile))
+
+
+def _block_matmul(sem, n, s):
+    return sem.matmul(s[0], s[1], F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
+
+
+BLOCK_EVAL = {
+    BOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
+    BOp.MATMUL: _block_matmul,
+    BOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, F32),
+    BOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, F32),
+    BOp.RMS_NORM: lambda sem, n, s: _rms_norm(sem, n, s[0], F32),
+} | {op: _elementwise for op in TOp}
+
+
+def _add(sem, a, b):
+    return sem.elementwise(TOp.ADD, [a, b], None, F32)
+
+
+def _last_sum(sem, x):
+    return sem.reduce_sum(x, len(x.shape) - 1, F32)
+
+
+def _rescaled(sem, acc, m_prev, m_cur):
+    """acc * exp(m_prev - m_cur): moves a sum from the old running max to the new one."""
+    factor = sem.elementwise(TOp.EXP, [sem.elementwise(TOp.SUB, [m_prev, m_cur], None, F32)],
+                             None, F32)
+    return sem.elementwise(TOp.MUL, [acc, factor], None, F32)
+
+
+def _rms_final(sem, node, acc, forloop):
+    count = float(forloop * node.srcs[0].shape[-1])
+    mean = sem.elementwise(TOp.DIV, [acc, sem.constant(count, (1,), F32)], None, F32)
+    return sem.elementwise(TOp.SQRT, [mean], None, F32)
+
+
+# Each accumulator: (initial state, update(sem, node, state, x, m_prev, m_cur), final value).
+ACCUMULATE = {
+    BOp.ACC_SUM: (lambda sem, n: sem.zeros(n.shape),
+                  lambda sem, n, acc, x, mp, mc: _add(sem, acc, x), None),
+    BOp.ACC_SUM_LAST: (lambda sem, n: sem.zeros(n.shape),
+                       lambda sem, n, acc, x, mp, mc: _add(sem, acc, _last_sum(sem, x)), None),
+    BOp.ACC_RMS_LAST: (lambda sem, n: sem.zeros(n.shape),
+                       lambda sem, n, acc, x, mp, mc: _add(
+                           sem, acc, _last_sum(sem, sem.elementwise(TOp.MUL, [x, x], None, F32))),
+                       _rms_final),
+    BOp.ACC_MAX: (lambda sem, n: sem.max_identity(n.shape),
+                  lambda sem, n, acc, x, mp, mc: sem.elementwise(TOp.MAX, [acc, x], None, F32),
+                  None),
+    BOp.ACC_MAX_LAST: (lambda sem, n: sem.max_identity(n.shape),
+                       lambda sem, n, acc, x, mp, mc: sem.elementwise(
+                           TOp.MAX, [acc, sem.reduce_max(x, len(x.shape) - 1, F32)], None, F32),
+                       None),
+    BOp.ACC_SUM_RESCALE: (lambda sem, n: sem.zeros(n.shape),
+                          lambda sem, n, acc, x, mp, mc: _add(sem, _rescaled(sem, acc, mp, mc), x),
+                          None),
+    BOp.ACC_SUM_LAST_RESCALE: (lambda sem, n: sem.zeros(n.shape),
+                               lambda sem, n, acc, x, mp, mc: _add(
+                                   sem, _rescaled(sem, acc, mp, mc), _last_sum(sem, x)), None),
+}
+
+
+class _Plan:
+    """A block graph's nodes sorted into the phases the interpreter runs them in."""
+
+    def __init__(self, graph: BlockGraph):
+        phase = graph.phases()
+        order = graph.nodes
+        self.invariant = [n for n in order if phase[n] is Phase.INVARIANT]
+        self.loop = [n for n in order if phase[n] in (Phase.LOOP, Phase.ACCUMULATOR)]
+        self.accumulators = [n for n in order if phase[n] is Phase.ACCUMULATOR]
+        self.epilogue = [n for n in order if phase[n] is Phase.EPILOGUE]
+        self.running = [n for n in self.accumulators if n.op in (BOp.ACC_MAX, BOp.ACC_MAX_LAST)]
+
+
+def run_block_graph(sem, graph: BlockGraph, inputs: list) -> list[np.ndarray]:
+    """Run every block of `graph` over full kernel tensors `inputs`; return the output tensors."""
+    plan = _Plan(graph)
+    outs = [sem.empty(o.shape, o.dtype) for o in graph.outputs]
+    gx, gy, gz = graph.grid
+    for bz, by, bx in itertools.product(range(gz), range(gy), range(gx)):
+        values = _run_block(sem, graph, plan, inputs, (bx, by, bz))
+        for out, array in zip(graph.outputs, outs):
+            array[_out_slices(out, (bx, by, bz))] = sem.cast(values[out.node], out.dtype)
+    return outs
+
+
+def _run_block(sem, graph, plan, inputs, bid) -> dict:
+    values: dict[BNode, np.ndarray] = {}
+    for node in plan.invariant:
+        values[node] = _eval_block_node(sem, node, values, inputs, bid, None)
+    state = {n: ACCUMULATE[n.op][0](sem, n) for n in plan.accumulators}
+    for it in range(graph.forloop):
+        previous = {m: state[m] for m in plan.running}
+        for node in plan.loop:
+            if node in state:
+                init, update, _ = ACCUMULATE[node.op]
+                m = node.srcs[1] if len(node.srcs) > 1 else None
+                state[node] = update(sem, node, state[node], values[node.srcs[0]],
+                                     previous.get(m), state.get(m))
+                values[node] = state[node]
+            else:
+                values[node] = _eval_block_node(sem, node, values, inputs, bid, it)
+    for node in plan.accumulators:
+        final = ACCUMULATE[node.op][2]
+        values[node] = final(sem, node, state[node], graph.forloop) if final else state[node]
+    for node in plan.epilogue:
+        values[node] = _eval_block_node(sem, node, values, inputs, bid, None)
+    return values
+
+
+def _eval_block_node(sem, node, values, inputs, bid, iteration):
+    if node.op is BOp.INPUT:
+        spec = node.arg
+        return inputs[spec.index][_tile_slices(spec, bid, iteration or 0)]
+    rule = BLOCK_EVAL.get(node.op)
+    if rule is None:
+        raise InvalidGraph(f"no interpreter rule for block op {node.op.value}")
+    return rule(sem, node, [values[s] for s in node.srcs])
