@@ -1,0 +1,80 @@
+"""The `mugraph` command line: show, verify, search, bench, regen."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mugraph.ir.errors import MugraphError
+
+
+def _load_program(target: str):
+    """A workload name, a graph JSON file, or FILE.py:FUNCTION -> (name, spec graph, workload|None)."""
+    from mugraph import ir, workloads
+    if target in workloads.names():
+        w = workloads.get(target)
+        return target, w.spec(), w
+    if target.endswith(".json"):
+        return target, ir.load(target), None
+    if ":" in target:
+        from mugraph.api import load_function
+        fn, args = load_function(target)
+        return target, ir.from_jax(fn, *args), None
+    raise MugraphError(f"cannot load {target!r}",
+                       hint=f"give a workload ({', '.join(workloads.names())}), a graph .json file, "
+                            "or FILE.py:FUNCTION")
+
+
+def cmd_show(args) -> int:
+    from mugraph import ir
+    from mugraph.testing import assert_equivalent
+    name, spec, w = _load_program(args.target)
+    print(f"== {name}: the spec (traced from JAX) ==")
+    print(spec)
+    if w is not None:
+        ref = w.reference()
+        print(f"\n== {name}: the hand-written fused μGraph ==")
+        print(ref)
+        arrays = w.random_inputs(args.seed)
+        want, got = ir.interpret(spec, arrays), ir.interpret(ref, arrays)
+        print(f"\n== check on random inputs (seed {args.seed}, float64) ==")
+        for i, (a, b) in enumerate(zip(want, got)):
+            scale = max(float(abs(a).max()), 1e-30)
+            print(f"  output {i}: max |spec - fused| / max|spec| = {abs(a - b).max() / scale:.3e}")
+        assert_equivalent(spec, ref, arrays)
+        print("  agree")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from mugraph import verify
+    name, spec, w = _load_program(args.target)
+    if w is None:
+        raise MugraphError("verify needs a workload (its hand-written μGraph is the candidate)")
+    wl = w.small() if args.small else w
+    report = verify.check(wl.spec(), wl.reference(), seed=args.seed)
+    print(report)
+    return 0 if report.equivalent else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="mugraph", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("show", help="print a program's kernel graph (and a workload's fused μGraph)")
+    p.add_argument("target")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=cmd_show)
+    p = sub.add_parser("verify", help="check a workload's fused μGraph against its spec")
+    p.add_argument("target")
+    p.add_argument("--small", action="store_true", help="use the reduced shapes")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=cmd_verify)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except MugraphError as e:
+        print(f"mugraph: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
