@@ -1,0 +1,814 @@
+"""The JAX front end: trace a function with `jax.make_jaxpr` and lift its jaxpr into a KernelGraph.
+
+Each primitive is lifted by one small rule in `RULES` (primitive name -> function), in the style
+of JAX's per-primitive rule tables. Primitives without a rule raise `UnsupportedOp` naming the
+equation, the user's source line and a hint (`UNSUPPORTED_HINTS`).
+
+Values. A jaxpr variable is lifted to either a `Const` (a uniform value: a literal, a closed-over
+scalar or a uniform array) or a lazy `View`: an IR node plus, per IR dim, the jaxpr dim it holds.
+Only non-unit IR dims carry a label; a jaxpr dim that no IR dim carries is unit or broadcast.
+So JAX's dropped reduction dims, its `broadcast_in_dim`s, unit reshapes, squeezes and transposes
+are relabelings that build no nodes: IR reductions keep their dim and IR binary ops broadcast
+NumPy-style. Layout nodes (TRANSPOSE, RESHAPE, BROADCAST) appear only where a concrete layout is
+needed: graph outputs, matmul operands, concatenation, and operands of elementwise ops whose
+dims do not line up.
+
+Dtypes. `convert_element_type` between float types is elided: mugraph computes intermediates in
+fp32 or wider and keeps only the dtypes of graph inputs and outputs. Kernel dtypes follow the
+operands (constants take their partner's dtype), so a function that returns its inputs' dtype
+lifts to a graph that does too. An output that JAX widens to float32 from 16-bit inputs is
+widened by a multiply with a float32 1.0; an output JAX narrows cannot be narrowed (the IR has
+no cast) and keeps the wider dtype the operands give it.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Literal
+
+from mugraph.ir.dtypes import DType
+from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
+from mugraph.ir.graph import KernelGraph
+from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input
+from mugraph.ir.ops import KOp, TOp
+from mugraph.ir.semantics import NUMPY_ELEMENTWISE
+from mugraph.ir.shapes import MAX_RANK
+
+_INPUT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+# ---- lifted values -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Const:
+    """A jaxpr value that is one number everywhere (shape and dtype are the jaxpr's)."""
+
+    value: float
+    dtype: np.dtype
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class View:
+    """A jaxpr value of `shape` held by `node`: IR dim i is jaxpr dim `labels[i]` (None: unit)."""
+
+    node: KNode
+    labels: tuple
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A constant array mugraph cannot hold (closed over and not uniform, or computed by
+    constant-only work it cannot fold, like index arithmetic); an error where a tensor meets it."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
+class _Unsupported(Exception):
+    """Raised by a rule; the driver turns it into UnsupportedOp with the equation and source."""
+
+    def __init__(self, detail: str, hint: str | None = None):
+        super().__init__(detail)
+        self.detail, self.hint = detail, hint
+
+
+def _view(node: KNode, labels, shape) -> View:
+    """A canonical view: IR dims of size 1 carry no label."""
+    labels = tuple(None if size == 1 else label for size, label in zip(node.shape, labels))
+    return View(node, labels, tuple(shape))
+
+
+def _rounded(value, dtype) -> float:
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return float(np.asarray(value, np.float64).astype(dtype))
+    return float(np.asarray(value).astype(dtype))
+
+
+def _const_node(value: float, like: KNode) -> KNode:
+    """A scalar CONSTANT in `like`'s frame and dtype (rank-matched shape of ones).
+
+    A value that would overflow `like`'s 16-bit dtype (JAX computed it in float32 after an
+    elided cast) is kept as a float32 constant instead.
+    """
+    if not math.isfinite(value):
+        raise _Unsupported(f"the constant {value} is not finite",
+                           hint="mugraph constants are finite floats; rewrite without inf/nan")
+    dtype = like.dtype
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.asarray(value, np.float64).astype(dtype.numpy)):
+            dtype = DType.FLOAT32
+    return kernel_constant(value, (1,) * like.rank, dtype)
+
+
+def _full_constant(c: Const) -> View:
+    """A Const as a concrete tensor (for matmul operands and outputs)."""
+    if not c.shape or len(c.shape) > MAX_RANK:
+        raise _Unsupported(f"a constant of shape {list(c.shape)} cannot be a kernel tensor",
+                           hint=f"kernel tensors have 1 to {MAX_RANK} dims")
+    if not math.isfinite(c.value):
+        raise _Unsupported(f"the constant {c.value} is not finite")
+    node = kernel_constant(c.value, c.shape, _ir_dtype(c.dtype))
+    return _view(node, range(len(c.shape)), c.shape)
+
+
+def _ir_dtype(dtype) -> DType:
+    name = np.dtype(dtype).name
+    if name not in _INPUT_DTYPES:
+        return DType.FLOAT32  # float64 intermediates (x64 mode) compute in fp32 or wider anyway
+    return DType.parse(name)
+
+
+def _as_view(value) -> View:
+    return _full_constant(value) if isinstance(value, Const) else value
+
+
+# ---- layouts: only where a concrete one is needed ------------------------------------------------
+def _arrange(v: View, slots) -> KNode:
+    """v's node with its dims in `slots` order (jaxpr dims; None = unit): a TRANSPOSE if non-unit
+    dims must move, then a RESHAPE if unit dims must come or go."""
+    slots = tuple(slots)
+    if not 1 <= len(slots) <= MAX_RANK:
+        raise _Unsupported(f"a rank-{len(slots)} tensor is needed here",
+                           hint=f"kernel tensors have 1 to {MAX_RANK} dims; fold extra dims "
+                                "outside the traced function")
+    mapped = [i for i, label in enumerate(v.labels) if label is not None]
+    if any(v.labels[i] not in slots for i in mapped):
+        raise MugraphError(f"internal: view labels {v.labels} do not fit slots {slots}")
+    wanted = sorted(mapped, key=lambda i: slots.index(v.labels[i]))
+    node = v.node
+    if wanted != mapped:
+        perm = list(range(node.rank))
+        for pos, i in zip(mapped, wanted):
+            perm[pos] = i
+        node = node.transpose(tuple(perm))
+    shape = tuple(v.shape[s] if s is not None and s in v.labels else 1 for s in slots)
+    return node if node.shape == shape else node.reshape(shape)
+
+
+def _fill(node: KNode, slots, full_shape, keep_unit=()) -> KNode:
+    """Broadcast unit dims standing for larger jaxpr dims, except the dims in `keep_unit`."""
+    shape = tuple(full_shape[s] if s is not None and s not in keep_unit and size == 1 else size
+                  for s, size in zip(slots, node.shape))
+    return node if shape == node.shape else node.broadcast_to(shape)
+
+
+def _materialize(v: View) -> KNode:
+    """v as a tensor of exactly its jaxpr shape."""
+    slots = range(len(v.shape))
+    return _fill(_arrange(v, slots), slots, v.shape)
+
+
+def _merge(a: tuple, b: tuple):
+    """Labels of a NumPy broadcast of two frames (right-aligned), or None if they clash."""
+    rank = max(len(a), len(b))
+    a, b = (None,) * (rank - len(a)) + a, (None,) * (rank - len(b)) + b
+    merged = tuple(x if x is not None else y for x, y in zip(a, b))
+    if any(x is not None and y is not None and x != y for x, y in zip(a, b)):
+        return None
+    labels = [m for m in merged if m is not None]
+    return merged if len(labels) == len(set(labels)) else None
+
+
+def _align(a: View, b: View):
+    """IR nodes for a and b that broadcast against each other, and the labels of the result."""
+    merged = _merge(a.labels, b.labels)
+    if merged is not None:
+        return a.node, b.node, merged
+    have_a = {x for x in a.labels if x is not None}
+    have_b = {x for x in b.labels if x is not None}
+    frame = a.labels if have_b <= have_a else b.labels if have_a <= have_b else \
+        tuple(sorted(have_a | have_b))
+    return _arrange(a, frame), _arrange(b, frame), frame
+
+
+# ---- elementwise rules ---------------------------------------------------------------------------
+def _out(eqn, i: int = 0):
+    aval = eqn.outvars[i].aval
+    return tuple(aval.shape), np.dtype(aval.dtype)
+
+
+def _fold(eqn, op: TOp, consts, arg=None) -> Const:
+    shape, dtype = _out(eqn)
+    with np.errstate(all="ignore"):
+        value = NUMPY_ELEMENTWISE[op](*(np.float64(c.value) for c in consts), arg)
+    return Const(_rounded(value, dtype), dtype, shape)
+
+
+def _apply_unary(eqn, op: TOp, x, arg=None):
+    if isinstance(x, Const):
+        return _fold(eqn, op, [x], arg)
+    return View(KNode(op, (x.node,), arg), x.labels, _out(eqn)[0])
+
+
+def _apply_binary(eqn, op: TOp, a, b):
+    shape = _out(eqn)[0]
+    if isinstance(a, Const) and isinstance(b, Const):
+        return _fold(eqn, op, [a, b])
+    if isinstance(a, Const):
+        return _view(KNode(op, (_const_node(a.value, b.node), b.node)), b.labels, shape)
+    if isinstance(b, Const):
+        return _view(KNode(op, (a.node, _const_node(b.value, a.node))), a.labels, shape)
+    na, nb, labels = _align(a, b)
+    node = KNode(op, (na, nb))
+    return _view(node, (None,) * (node.rank - len(labels)) + tuple(labels), shape)
+
+
+def _unary(op: TOp):
+    def rule(eqn, x):
+        return _apply_unary(eqn, op, x)
+    rule.__name__ = f"lift_{op.value}"
+    return rule
+
+
+def _binary(op: TOp):
+    def rule(eqn, a, b):
+        return _apply_binary(eqn, op, a, b)
+    rule.__name__ = f"lift_{op.value}"
+    return rule
+
+
+def lift_mul(eqn, a, b):
+    """x * sigmoid(x) is silu."""
+    for x, s in ((a, b), (b, a)):
+        if isinstance(x, View) and isinstance(s, View) and s.node.op is TOp.SIGMOID \
+                and s.node.srcs[0] is x.node and s.labels == x.labels:
+            return _apply_unary(eqn, TOp.SILU, x)
+    return _apply_binary(eqn, TOp.MUL, a, b)
+
+
+def _scalar_src(node: KNode):
+    """(value, other operand) when `node` is a binary op with a scalar CONSTANT operand."""
+    if len(node.srcs) != 2:
+        return None
+    for c, x in (node.srcs, node.srcs[::-1]):
+        if c.op is KOp.CONSTANT and all(d == 1 for d in c.shape) and x.shape == node.shape:
+            return c.arg[0], x
+    return None
+
+
+def _clamp(eqn, x: View, lo: float, hi: float):
+    """clamp(x, lo, hi); an infinite bound leaves a one-sided max or min."""
+    if lo == -math.inf and hi == math.inf:
+        return View(x.node, x.labels, _out(eqn)[0])
+    if lo == -math.inf:
+        return _apply_binary(eqn, TOp.MIN, x, Const(hi, x.node.dtype.numpy, ()))
+    if hi == math.inf:
+        return _apply_binary(eqn, TOp.MAX, x, Const(lo, x.node.dtype.numpy, ()))
+    return _apply_unary(eqn, TOp.CLAMP, x, (float(lo), float(hi)))
+
+
+def _inner_bound(v: View, op: TOp):
+    """(bound, x) when v is max(x, lo) / relu(x) (op MAX) or min(x, hi) (op MIN)."""
+    if op is TOp.MAX and v.node.op is TOp.RELU:
+        return 0.0, v.node.srcs[0]
+    return _scalar_src(v.node) if v.node.op is op else None
+
+
+def _bounded(eqn, a, b, op: TOp, identity: float, inner: TOp):
+    """max/min against constants: identity bounds vanish, max(x, 0) is relu, pairs are clamps."""
+    x, c = (a, b) if isinstance(b, Const) else (b, a)
+    if not (isinstance(x, View) and isinstance(c, Const)):
+        return _apply_binary(eqn, op, a, b)
+    if c.value == identity:
+        return View(x.node, x.labels, _out(eqn)[0])
+    if op is TOp.MAX and c.value == 0.0:
+        return _apply_unary(eqn, TOp.RELU, x)
+    found = _inner_bound(x, inner)
+    if found is not None:
+        lo, hi = (c.value, found[0]) if op is TOp.MAX else (found[0], c.value)
+        if lo <= hi:
+            return _clamp(eqn, View(found[1], x.labels, x.shape), lo, hi)
+    return _apply_binary(eqn, op, a, b)
+
+
+def lift_max(eqn, a, b):
+    return _bounded(eqn, a, b, TOp.MAX, -math.inf, TOp.MIN)
+
+
+def lift_min(eqn, a, b):
+    return _bounded(eqn, a, b, TOp.MIN, math.inf, TOp.MAX)
+
+
+def lift_clamp(eqn, lo, x, hi):
+    """lax.clamp(lo, x, hi) = min(max(x, lo), hi)."""
+    if isinstance(x, View) and isinstance(lo, Const) and isinstance(hi, Const) \
+            and lo.value <= hi.value:
+        return _clamp(eqn, x, lo.value, hi.value)
+    return _apply_binary(eqn, TOp.MIN, _apply_binary(eqn, TOp.MAX, x, lo), hi)
+
+
+def lift_integer_pow(eqn, x):
+    """x**2 is square, x**-1 a reciprocal, x**1 x itself; other powers keep a constant exponent."""
+    y = eqn.params["y"]
+    if y == 1:
+        return x
+    if y == 2:
+        return _apply_unary(eqn, TOp.SQUARE, x)
+    if y == -1:
+        return _apply_binary(eqn, TOp.DIV, Const(1.0, _out(eqn)[1], ()), x)
+    return _apply_binary(eqn, TOp.POW, x, Const(float(y), _out(eqn)[1], ()))
+
+
+def lift_erfc(eqn, x):
+    return _apply_binary(eqn, TOp.SUB, Const(1.0, _out(eqn)[1], ()), _apply_unary(eqn, TOp.ERF, x))
+
+
+def lift_abs(eqn, x):
+    return _apply_binary(eqn, TOp.MAX, x, _apply_unary(eqn, TOp.NEG, x))
+
+
+def lift_expm1(eqn, x):
+    return _apply_binary(eqn, TOp.SUB, _apply_unary(eqn, TOp.EXP, x), Const(1.0, _out(eqn)[1], ()))
+
+
+def lift_log1p(eqn, x):
+    return _apply_unary(eqn, TOp.LOG, _apply_binary(eqn, TOp.ADD, x, Const(1.0, _out(eqn)[1], ())))
+
+
+def lift_exp2(eqn, x):
+    return _apply_unary(eqn, TOp.EXP, _apply_binary(eqn, TOp.MUL, x,
+                                                    Const(math.log(2.0), _out(eqn)[1], ())))
+
+
+def lift_identity(eqn, *xs):
+    return list(xs) if len(eqn.outvars) > 1 else xs[0]
+
+
+def lift_convert_element_type(eqn, x):
+    """Float casts are elided (intermediates are fp32 or wider); constants take the new type."""
+    shape, dtype = _out(eqn)
+    if isinstance(x, Const):
+        return Const(_rounded(x.value, dtype), dtype, shape)
+    return x  # casts of tensors to integer types were refused by _check_operands
+
+
+# ---- layout rules: relabelings -------------------------------------------------------------------
+def _relabel(x, eqn, mapping):
+    """x as the equation's output, jaxpr dim j of the operand becoming dim mapping[j]."""
+    shape = _out(eqn)[0]
+    if isinstance(x, Const):
+        return Const(x.value, x.dtype, shape)
+    return View(x.node, tuple(None if l is None else mapping[l] for l in x.labels), shape)
+
+
+def lift_broadcast_in_dim(eqn, x, *dynamic_shape):
+    return _relabel(x, eqn, dict(enumerate(eqn.params["broadcast_dimensions"])))
+
+
+def lift_transpose(eqn, x):
+    perm = eqn.params["permutation"]
+    return _relabel(x, eqn, {old: new for new, old in enumerate(perm)})
+
+
+def lift_squeeze(eqn, x):
+    dropped = set(eqn.params["dimensions"])
+    kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dropped]
+    return _relabel(x, eqn, {old: new for new, old in enumerate(kept)})
+
+
+def lift_reshape(eqn, x, *dynamic_shape):
+    """A reshape that only adds or drops unit dims; anything else would merge or split dims."""
+    old, new = tuple(eqn.invars[0].aval.shape), _out(eqn)[0]
+    old_dims = [d for d, n in enumerate(old) if n != 1]
+    new_dims = [d for d, n in enumerate(new) if n != 1]
+    if eqn.params.get("dimensions") is not None or \
+            [old[d] for d in old_dims] != [new[d] for d in new_dims]:
+        raise _Unsupported(f"a reshape from {list(old)} to {list(new)} merges or splits dims",
+                           hint="mugraph's IR keeps dims separate; reshape outside the traced "
+                                "function")
+    return _relabel(x, eqn, dict(zip(old_dims, new_dims)))
+
+
+# ---- reductions ----------------------------------------------------------------------------------
+def _reduce(eqn, x, op: KOp):
+    """Reduce each axis (keepdim) in turn; sums over broadcast dims become a multiply."""
+    axes = tuple(eqn.params["axes"])
+    shape, dtype = _out(eqn)
+    mapping = {j: j - sum(a < j for a in axes) for j in range(len(x.shape)) if j not in axes}
+    summed = op is KOp.REDUCE_SUM
+    if isinstance(x, Const):
+        count = math.prod(x.shape[a] for a in axes) if summed else 1
+        return Const(_rounded(x.value * count, dtype), dtype, shape)
+    node = x.node
+    for a in axes:
+        if a in x.labels:
+            node = KNode(op, (node,), x.labels.index(a))
+    count = math.prod(x.shape[a] for a in axes if a not in x.labels) if summed else 1
+    if count != 1:
+        node = KNode(TOp.MUL, (node, _const_node(float(count), node)))
+    labels = tuple(None if l is None or l in axes else mapping[l] for l in x.labels)
+    return _view(node, labels, shape)
+
+
+def lift_reduce_sum(eqn, x):
+    return _reduce(eqn, x, KOp.REDUCE_SUM)
+
+
+def lift_reduce_max(eqn, x):
+    return _reduce(eqn, x, KOp.REDUCE_MAX)
+
+
+def _negated(x):
+    """-x with x's own shape (for rules whose output shape differs from the operand's)."""
+    if isinstance(x, Const):
+        return Const(-x.value, x.dtype, x.shape)
+    return View(KNode(TOp.NEG, (x.node,)), x.labels, x.shape)
+
+
+def lift_reduce_min(eqn, x):
+    """min = -max(-x)."""
+    return _negated(_reduce(eqn, _negated(x), KOp.REDUCE_MAX))
+
+
+# ---- matmul and concat ---------------------------------------------------------------------------
+_DOT_HINT = ("mugraph lifts batched matmuls [..., M, K] @ [..., K, N]: one contracting dim, "
+             "and either paired batch dims with at most one free dim per side, or extra free dims "
+             "on one side only (NumPy matmul broadcasting); reshape or use jnp.matmul / einsum "
+             "in that form")
+
+
+def _dot_slots(eqn):
+    """The IR layouts of both operands (jaxpr dims in order; None = a unit dim) and the result.
+
+    The last free dim of each side is M (or N); the rest lead, like batch dims: paired batch dims,
+    or extra free dims on one side only, which the IR matmul broadcasts against the other.
+    """
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lrank, rrank = len(eqn.invars[0].aval.shape), len(eqn.invars[1].aval.shape)
+    lf = [d for d in range(lrank) if d not in (*lc, *lb)]
+    rf = [d for d in range(rrank) if d not in (*rc, *rb)]
+    if len(lc) != 1:
+        raise _Unsupported(f"a dot_general contracting {len(lc)} dims", hint=_DOT_HINT)
+    lead_l, lead_r = lf[:-1], rf[:-1]
+    if (lb and (lead_l or lead_r)) or (lead_l and lead_r):
+        raise _Unsupported(f"a dot_general with {len(lf)} free dim(s) on the left and {len(rf)} "
+                           f"on the right, {len(lb)} batch dim(s)", hint=_DOT_HINT)
+    m, n = (lf[-1] if lf else None), (rf[-1] if rf else None)
+    out_l = {d: len(lb) + i for i, d in enumerate(lf)}
+    out_r = {d: len(lb) + len(lf) + i for i, d in enumerate(rf)}
+    lslots = (*lb, *lead_l, m, lc[0])
+    rslots = (*rb, *lead_r, rc[0], n)
+    out = (*range(len(lb)), *(out_l[d] for d in lead_l), *(out_r[d] for d in lead_r),
+           out_l.get(m), out_r.get(n))
+    return lslots, rslots, out
+
+
+def lift_dot_general(eqn, lhs, rhs):
+    """dot_general as an IR matmul; operands not in [..., M, K] / [..., K, N] order are
+    transposed."""
+    lslots, rslots, out = _dot_slots(eqn)
+    lhs, rhs = _as_view(lhs), _as_view(rhs)
+    # Batch and free dims may stay unit (the IR matmul broadcasts, the result view keeps them
+    # unit); the contracting dim (last on the left, next to last on the right) must be real.
+    left = _fill(_arrange(lhs, lslots), lslots, lhs.shape, keep_unit=lslots[:-1])
+    right = _fill(_arrange(rhs, rslots), rslots, rhs.shape, keep_unit=rslots[:-2] + rslots[-1:])
+    node = KNode(KOp.MATMUL, (left, right))
+    return _view(node, (None,) * (node.rank - len(out)) + out, _out(eqn)[0])
+
+
+def lift_concatenate(eqn, *xs):
+    dim = eqn.params["dimension"]
+    nodes = [_materialize(_as_view(x)) for x in xs]
+    node = nodes[0] if len(nodes) == 1 else concat(nodes, dim)
+    return _view(node, range(node.rank), _out(eqn)[0])
+
+
+# ---- constant-only folds: masks and predicates that do not depend on a tensor -------------------
+def lift_select_n(eqn, which, *cases):
+    """select_n with a constant predicate picks its case (jnp.var guards its divisor like this)."""
+    if not isinstance(which, Const):
+        raise _Unsupported("the predicate depends on a tensor",
+                           hint=UNSUPPORTED_HINTS["select_n"])
+    return _relabel(cases[int(which.value)], eqn, {j: j for j in range(len(_out(eqn)[0]))})
+
+
+def _fold_with(fn):
+    def fold(eqn, *args):
+        shape, dtype = _out(eqn)
+        value = fn(*(np.asarray(a.value, a.dtype) for a in args))
+        return Const(_rounded(value, dtype), dtype, shape)
+    fold.__name__ = f"fold_{fn.__name__}"
+    return fold
+
+
+FOLDS = {"eq": _fold_with(np.equal), "ne": _fold_with(np.not_equal), "lt": _fold_with(np.less),
+         "le": _fold_with(np.less_equal), "gt": _fold_with(np.greater),
+         "ge": _fold_with(np.greater_equal), "and": _fold_with(np.logical_and),
+         "or": _fold_with(np.logical_or), "not": _fold_with(np.logical_not),
+         "is_finite": _fold_with(np.isfinite)}
+
+
+# ---- nested jaxprs -------------------------------------------------------------------------------
+# jit, custom_jvp/custom_vjp, remat and closed_call are lifted in place: their body's equations
+# become IR nodes like any others (see `lift_eqn`).
+CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                   "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint"})
+
+
+def _call_body(eqn):
+    """(jaxpr, consts) of a call-like equation's body."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        body = eqn.params.get(key)
+        if isinstance(body, ClosedJaxpr):
+            return body.jaxpr, body.consts
+        if body is not None:
+            return body, ()
+    raise _Unsupported("a call without a body jaxpr")
+
+
+RULES = {
+    "add": _binary(TOp.ADD), "sub": _binary(TOp.SUB), "mul": lift_mul, "div": _binary(TOp.DIV),
+    "pow": _binary(TOp.POW), "max": lift_max, "min": lift_min, "clamp": lift_clamp,
+    "neg": _unary(TOp.NEG), "exp": _unary(TOp.EXP), "log": _unary(TOp.LOG),
+    "sqrt": _unary(TOp.SQRT), "rsqrt": _unary(TOp.RSQRT), "square": _unary(TOp.SQUARE),
+    "logistic": _unary(TOp.SIGMOID), "tanh": _unary(TOp.TANH), "erf": _unary(TOp.ERF),
+    "erfc": lift_erfc, "abs": lift_abs, "expm1": lift_expm1, "log1p": lift_log1p,
+    "exp2": lift_exp2, "integer_pow": lift_integer_pow,
+    "convert_element_type": lift_convert_element_type,
+    "stop_gradient": lift_identity, "copy": lift_identity, "copy_p": lift_identity,
+    "reduce_precision": lift_identity, "optimization_barrier": lift_identity,
+    "broadcast_in_dim": lift_broadcast_in_dim, "reshape": lift_reshape,
+    "squeeze": lift_squeeze, "transpose": lift_transpose,
+    "reduce_sum": lift_reduce_sum, "reduce_max": lift_reduce_max, "reduce_min": lift_reduce_min,
+    "dot_general": lift_dot_general, "concatenate": lift_concatenate, "select_n": lift_select_n,
+}
+
+_INDEX_HINT = "mugraph lifts dense math on whole tensors; do indexing outside the traced function"
+UNSUPPORTED_HINTS = {
+    "sort": "sorting has no IR op; sort outside the traced function",
+    "cumsum": "prefix sums have no IR op; compute them outside the traced function",
+    "cumprod": "prefix products have no IR op", "cummax": "prefix maxima have no IR op",
+    "cumlogsumexp": "prefix reductions have no IR op",
+    "argmax": "mugraph lifts values, not indices; use jnp.max for the value",
+    "argmin": "mugraph lifts values, not indices; use jnp.min for the value",
+    "gather": _INDEX_HINT, "scatter": _INDEX_HINT, "scatter-add": _INDEX_HINT,
+    "scatter_add": _INDEX_HINT, "dynamic_slice": _INDEX_HINT, "dynamic_update_slice": _INDEX_HINT,
+    "slice": "mugraph's IR has no slicing; pass the sliced array as an argument",
+    "pad": "mugraph's IR has no padding; pad outside the traced function",
+    "select_n": "jnp.where / masking has no IR op; for max(x, 0) use jax.nn.relu, for limits "
+                "use jnp.clip",
+    "conv_general_dilated": "convolutions are not lifted; express the layer as a matmul "
+                            "(e.g. a 1x1 convolution is x @ w)",
+    "iota": "index arrays have no IR op; pass them as an argument",
+    "while": "loops are not lifted; unroll with a Python loop",
+    "scan": "loops are not lifted; unroll with a Python loop",
+    "cond": "control flow is not lifted; branch in Python outside the traced function",
+    "reduce_prod": "only sum, max and min reductions are lifted",
+}
+for _cmp in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "is_finite"):
+    UNSUPPORTED_HINTS[_cmp] = ("comparisons and masks have no IR op; for max(x, 0) use "
+                               "jax.nn.relu, for limits use jnp.clip")
+_DEFAULT_HINT = ("mugraph lifts elementwise float math, sum/max/min reductions, matmuls and "
+                 "unit-dim layout changes; compute this part outside the traced function")
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def _source(eqn) -> str | None:
+    """`file.py:LINE (function)` of the user's frame that produced `eqn`, if JAX recorded one."""
+    try:
+        from jax._src import source_info_util
+        frame = source_info_util.user_frame(eqn.source_info.traceback)
+    except Exception:  # source info is a private JAX detail; the message works without it
+        return None
+    if frame is None:
+        return None
+    return f"{os.path.basename(frame.file_name)}:{frame.start_line} ({frame.function_name})"
+
+
+def _equation_text(eqn, limit: int = 160) -> str:
+    text = " ".join(str(eqn).split())
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
+
+
+def _read(env: dict, var):
+    if isinstance(var, Literal):
+        dtype = np.dtype(var.aval.dtype)
+        return Const(_rounded(var.val, dtype), dtype, tuple(var.aval.shape))
+    return env[var]
+
+
+def _closed_const(array) -> Const | Opaque:
+    array = np.asarray(array)
+    flat = array.reshape(-1)
+    numeric = jnp.issubdtype(array.dtype, jnp.floating) or jnp.issubdtype(array.dtype, jnp.integer)
+    if numeric and flat.size and (flat.size == 1 or bool(np.all(flat == flat[0]))):
+        return Const(_rounded(flat[0], array.dtype), array.dtype, array.shape)
+    return Opaque(array.shape, array.dtype)
+
+
+def _check_operands(eqn, args) -> None:
+    """Tensors meet only lifted constants, and make only float tensors."""
+    if any(isinstance(a, Opaque) for a in args):
+        raise _Unsupported("an operand is a constant array that is not uniform (closed over, or "
+                           "built inside the function)",
+                           hint="pass the array as an argument of the traced function")
+    if any(isinstance(a, View) for a in args):
+        for var in eqn.outvars:
+            dtype = np.dtype(var.aval.dtype)
+            if not jnp.issubdtype(dtype, jnp.floating):
+                raise _Unsupported(f"it makes a tensor of {dtype.name}",
+                                   hint="mugraph computes on float16/bfloat16/float32 tensors "
+                                        "only")
+
+
+def lift_eqn(eqn, args, where: str | None = None) -> list:
+    """The lifted outputs of one equation (a list, one value per outvar).
+
+    `where` is the user's source line of the enclosing call: JAX records none inside the body of
+    a nested jit, so errors there point at the line that called it.
+    """
+    name = eqn.primitive.name
+    if name in CALLS:
+        return _lift_call(eqn, args, _source(eqn) or where)
+    rule = RULES.get(name)
+    if not any(isinstance(a, View) for a in args):
+        if name in FOLDS and not any(isinstance(a, Opaque) for a in args):
+            return [FOLDS[name](eqn, *args)]
+        if rule is None or any(isinstance(a, Opaque) for a in args):
+            # Constant-only work mugraph cannot fold (index arithmetic, iota): an error, if any,
+            # belongs to the equation where it meets a tensor.
+            return [Opaque(tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in eqn.outvars]
+    try:
+        if rule is None:
+            raise _Unsupported("mugraph has no rule for this primitive",
+                               hint=UNSUPPORTED_HINTS.get(name, _DEFAULT_HINT))
+        _check_operands(eqn, args)
+        out = rule(eqn, *args)
+    except _Unsupported as e:
+        raise _error(eqn, e, where) from None
+    return out if isinstance(out, list) else [out]
+
+
+def _error(eqn, e: _Unsupported, where) -> UnsupportedOp:
+    name = eqn.primitive.name
+    return UnsupportedOp(f"cannot lift `{name}`: {e.detail}", primitive=name,
+                         equation=_equation_text(eqn), source=_source(eqn) or where, hint=e.hint)
+
+
+def _lift_call(eqn, args, where) -> list:
+    try:
+        jaxpr, consts = _call_body(eqn)
+    except _Unsupported as e:
+        raise _error(eqn, e, where) from None
+    return lift_jaxpr(jaxpr, consts, args, where)
+
+
+def _live_eqns(jaxpr) -> list:
+    """The equations the outputs depend on (dead ones, e.g. with dropped outputs, are skipped)."""
+    live = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in live for v in eqn.outvars):
+            kept.append(eqn)
+            live.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return kept[::-1]
+
+
+def lift_jaxpr(jaxpr, consts, args, where: str | None = None) -> list:
+    """Lift every equation of `jaxpr` given lifted invars `args`; return the lifted outvars."""
+    env = {v: _closed_const(c) for v, c in zip(jaxpr.constvars, consts)}
+    env.update(zip(jaxpr.invars, args))
+    for eqn in _live_eqns(jaxpr):
+        outs = lift_eqn(eqn, [_read(env, v) for v in eqn.invars], where)
+        env.update(zip(eqn.outvars, outs))
+    return [_read(env, v) for v in jaxpr.outvars]
+
+
+# ---- arguments, names, outputs -------------------------------------------------------------------
+def _arg_spec(i: int, leaf) -> tuple[tuple, DType]:
+    """Shape and dtype of one example argument, or InvalidInput saying what to pass instead."""
+    if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+        raise InvalidInput(f"example argument {i} is a {type(leaf).__name__}, not an array",
+                           hint="pass arrays or jax.ShapeDtypeStruct; bind other arguments "
+                                "with functools.partial")
+    shape, dtype = tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype)
+    if dtype.name not in _INPUT_DTYPES:
+        raise InvalidInput(f"example argument {i} has dtype {dtype.name}",
+                           hint="mugraph takes float16, bfloat16 or float32 tensors; cast it "
+                                "(integer and boolean inputs are not supported)")
+    if not 1 <= len(shape) <= MAX_RANK:
+        hint = ("scalars are not graph inputs; pass a shape-(1,) array, or bind a constant with "
+                "functools.partial" if not shape else
+                f"kernel tensors have 1 to {MAX_RANK} dims; reshape outside the traced function")
+        raise InvalidInput(f"example argument {i} has rank {len(shape)} (shape {list(shape)})",
+                           hint=hint)
+    return shape, DType.parse(dtype.name)
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _default_names(fn, example_args, paths) -> list[str]:
+    """Parameter names (plus pytree keys), or arg0, arg1, ... where the signature does not say."""
+    fallback = [f"arg{i}" for i in range(len(paths))]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return fallback
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(example_args) > len(positional):
+        return fallback
+    names = []
+    for path in paths:
+        parts = [positional[path[0].idx], *(_key_name(k) for k in path[1:])]
+        names.append(re.sub(r"\W", "_", "_".join(parts)))
+    return names if len(set(names)) == len(names) else fallback
+
+
+def _check_names(names, count: int, what: str) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = [names]
+    names = tuple(names)
+    if len(names) != count or len(set(names)) != count or \
+            not all(isinstance(n, str) and n for n in names):
+        raise InvalidInput(f"{what} {list(names)!r}: need {count} unique non-empty strings")
+    return names
+
+
+def _output_node(value, var, index: int) -> KNode:
+    """A graph output of exactly the jaxpr's shape (and its dtype where the IR can give it)."""
+    shape, dtype = tuple(var.aval.shape), np.dtype(var.aval.dtype)
+    if isinstance(value, Opaque):
+        raise UnsupportedOp(f"output {index} is a constant array that is not uniform",
+                            primitive="output", hint="pass it as an argument, or compute it "
+                                                     "outside the traced function")
+    if not shape or not jnp.issubdtype(dtype, jnp.floating):
+        raise UnsupportedOp(f"output {index} is a {dtype.name}{list(shape)} value mugraph cannot "
+                            "produce", primitive="output",
+                            hint="return float tensors of rank 1 to 4 (e.g. jnp.sum(x, "
+                                 "keepdims=True) instead of a 0-d scalar)")
+    try:
+        node = _materialize(_as_view(value))
+    except _Unsupported as e:
+        raise UnsupportedOp(f"output {index}: {e.detail}", primitive="output",
+                            hint=e.hint) from None
+    want = _ir_dtype(dtype)
+    if want is DType.FLOAT32 and node.dtype is not want:
+        node = node * kernel_constant(1.0, (1,) * node.rank, want)  # the IR's only widening
+    return node
+
+
+def _trace(fn, example_args):
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
+    except MugraphError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise InvalidInput(f"tracing {getattr(fn, '__name__', fn)!s} with jax.make_jaxpr failed: "
+                           f"{type(e).__name__}: {first}",
+                           hint="the function must trace with JAX on the example arguments; "
+                                "see the chained exception for the full error") from e
+    return closed, out_shape
+
+
+def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGraph:
+    """Trace `fn(*example_args)` with jax.make_jaxpr and lift the jaxpr into a KernelGraph.
+
+    `example_args`: arrays or jax.ShapeDtypeStruct (float16/bfloat16/float32, rank 1 to 4), or
+    pytrees (dicts, tuples) of them; each leaf becomes one graph input, named after `fn`'s
+    parameter (plus the pytree key) unless `input_names` says otherwise. The outputs are `fn`'s
+    flat outputs (an array, or a tuple/dict of arrays), named by `output_names` if given.
+    Float casts inside `fn` are elided (see the module docstring). Unsupported primitives raise
+    UnsupportedOp naming the equation and source line; bad arguments raise InvalidInput.
+    """
+    if not callable(fn):
+        raise InvalidInput(f"from_jax needs a function, got {type(fn).__name__}")
+    leaves_with_paths, _ = jax.tree_util.tree_flatten_with_path(example_args)
+    paths = [p for p, _ in leaves_with_paths]
+    specs = [_arg_spec(i, leaf) for i, (_, leaf) in enumerate(leaves_with_paths)]
+    names = _check_names(input_names, len(specs), "input_names") if input_names is not None \
+        else _default_names(fn, example_args, paths)
+    closed, out_shape = _trace(fn, example_args)
+    inputs = [kernel_input(n, s, d) for n, (s, d) in zip(names, specs)]
+    args = [_view(node, range(node.rank), node.shape) for node in inputs]
+    outs = lift_jaxpr(closed.jaxpr, closed.consts, args)
+    nodes = [_output_node(v, var, i) for i, (v, var) in enumerate(zip(outs, closed.jaxpr.outvars))]
+    if output_names is not None:
+        output_names = _check_names(output_names, len(nodes), "output_names")
+    else:
+        output_names = _dict_output_names(out_shape, len(nodes))
+    return KernelGraph(nodes, inputs=inputs, output_names=output_names)
+
+
+def _dict_output_names(out_shape, count: int):
+    """Keys when `fn` returns a dict of arrays (else None: out0, out1, ...)."""
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]]
+    if not paths or not all(p and all(hasattr(k, "key") for k in p) for p in paths):
+        return None
+    names = [re.sub(r"\W", "_", "_".join(_key_name(k) for k in p)) for p in paths]
+    return names if len(set(names)) == count else None

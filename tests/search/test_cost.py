@@ -1,0 +1,330 @@
+"""Tests of the analytical cost model: target tables, estimates, roofline, occupancy and fit."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+
+import numpy as np
+import pytest
+
+import mugraph.ir as ir
+from mugraph.ir.errors import InvalidInput, ResourceError
+from mugraph.ir.ops import TOp
+from mugraph.search import cost
+from mugraph.search.targets import KB, MB, TARGETS, get_target
+
+NAMES = ("a100", "h100", "h200")
+
+
+# ---- hand-built graphs: each spec and a fused schedule of it ------------------------------------
+def rms_spec(m=16, k=4096, n=6144):
+    X, W = ir.input("X", (m, k), "float16"), ir.input("W", (k, n), "float16")
+    return ir.KernelGraph([X.rms_norm(-1, 1e-6) @ W])
+
+
+def rms_fused(m=16, k=4096, n=6144, grid=96, forloop=16):
+    X, W = ir.input("X", (m, k), "float16"), ir.input("W", (k, n), "float16")
+    b = ir.BlockBuilder(grid=(grid, 1, 1), forloop=forloop, threads=128)
+    x, w = b.input(X, imap=None, fmap=1), b.input(W, imap=(1,), fmap=0)
+    out = (x @ w).acc_sum() * (((x * x).acc_sum_last() / float(k)) + 1e-6).rsqrt()
+    return ir.KernelGraph(b.finish([(out, (1,))]))
+
+
+def mlp_inputs(m, k, n):
+    return (ir.input("X", (m, k), "float16"), ir.input("W1", (k, n), "float16"),
+            ir.input("W2", (k, n), "float16"))
+
+
+def mlp_spec(m=8, k=4096, n=4096):
+    X, W1, W2 = mlp_inputs(m, k, n)
+    return ir.KernelGraph([(X @ W1).silu() * (X @ W2)])
+
+
+def mlp_fused(m=8, k=4096, n=4096, grid=128, forloop=16):
+    X, W1, W2 = mlp_inputs(m, k, n)
+    b = ir.BlockBuilder(grid=(grid, 1, 1), forloop=forloop, threads=128)
+    x = b.input(X, fmap=1)
+    w1, w2 = b.input(W1, imap=(1,), fmap=0), b.input(W2, imap=(1,), fmap=0)
+    return ir.KernelGraph(b.finish([((x @ w1).acc_sum().silu() * (x @ w2).acc_sum(), (1,))]))
+
+
+def attn_inputs(b, q, d, kv):
+    return (ir.input("Q", (b, q, d), "float16"), ir.input("K", (b, d, kv), "float16"),
+            ir.input("V", (b, kv, d), "float16"))
+
+
+def attn_spec(b=2, q=256, d=64, kv=4096):
+    Q, K, V = attn_inputs(b, q, d, kv)
+    e = (Q @ K).exp()
+    return ir.KernelGraph([(e / e.sum(2)) @ V])
+
+
+def attn_split_kv(b=2, q=256, d=64, kv=4096, qtiles=4, splits=8, forloop=4):
+    """Two kernels: partial numerators and denominators per KV split, then their combination."""
+    Q, K, V = attn_inputs(b, q, d, kv)
+    k1 = ir.BlockBuilder(grid=(b, qtiles, splits), forloop=forloop, threads=128)
+    qt = k1.input(Q, imap=(0, 1, None))
+    kt = k1.input(K, imap=(0, None, 2), fmap=2)
+    vt = k1.input(V, imap=(0, None, 1), fmap=1)
+    e = (qt @ kt).exp()
+    num, den = k1.finish([((e @ vt).acc_sum(), (0, 1, 2), "float32"),
+                          (e.acc_sum_last(), (0, 1, 2), "float32")])
+    k2 = ir.BlockBuilder(grid=(b, qtiles, 1), forloop=splits, threads=128)
+    n = k2.input(num, imap=(0, 1, None), fmap=2)
+    s = k2.input(den, imap=(0, 1, None), fmap=2)
+    return ir.KernelGraph(k2.finish([(n.acc_sum() / s.acc_sum(), (0, 1, None), "float16")]))
+
+
+PAIRS = {"rmsnorm": (rms_spec, rms_fused), "gated_mlp": (mlp_spec, mlp_fused),
+         "attention": (attn_spec, attn_split_kv)}
+SMALL = {"rmsnorm": (dict(m=16, k=256, n=128), dict(grid=4, forloop=4)),
+         "gated_mlp": (dict(m=8, k=256, n=128), dict(grid=4, forloop=4)),
+         "attention": (dict(b=2, q=32, d=16, kv=256), dict(qtiles=2, splits=4, forloop=2))}
+
+
+@pytest.mark.parametrize("case", sorted(PAIRS))
+def test_hand_built_schedules_compute_the_spec(case):
+    spec_fn, fused_fn = PAIRS[case]
+    shapes, schedule = SMALL[case]
+    spec, fused = spec_fn(**shapes), fused_fn(**shapes, **schedule)
+    rng = np.random.default_rng(0)
+    arrays = {n.arg[0]: rng.standard_normal(n.shape) * 0.3 for n in spec.inputs}
+    want, = ir.interpret(spec, arrays, dtype="float64")
+    got, = ir.interpret(fused, arrays, dtype="float64")
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+# ---- target tables -----------------------------------------------------------------------------
+def test_tables_are_complete():
+    assert set(TARGETS) == set(NAMES)
+    for name, t in TARGETS.items():
+        assert t.name == name
+        for f in dataclasses.fields(t):
+            value = getattr(t, f.name)
+            assert value, f"{name}.{f.name} is empty"
+            if isinstance(value, (int, float)):
+                assert value > 0
+
+
+def test_tables_hold_the_published_numbers():
+    a, h, h2 = (TARGETS[n] for n in NAMES)
+    assert (a.tc_flops, h.tc_flops, h2.tc_flops) == (312e12, 989e12, 989e12)
+    assert (a.simt_flops, h.simt_flops, h2.simt_flops) == (19.5e12, 67e12, 67e12)
+    assert (a.hbm_bandwidth, h.hbm_bandwidth, h2.hbm_bandwidth) == (2.039e12, 3.35e12, 4.8e12)
+    assert (a.l2_bytes, h.l2_bytes, h2.l2_bytes) == (40 * MB, 50 * MB, 50 * MB)
+    assert (a.smem_per_sm, a.smem_per_block) == (164 * KB, 163 * KB)
+    assert (h.smem_per_sm, h.smem_per_block) == (228 * KB, 227 * KB) == \
+        (h2.smem_per_sm, h2.smem_per_block)
+    assert (a.sm_count, h.sm_count, h2.sm_count) == (108, 132, 132)
+    assert (a.arch, h.arch, h2.arch) == ("sm_80", "sm_90", "sm_90")
+    for t in (a, h, h2):
+        assert (t.regs_per_sm, t.max_threads_per_sm, t.max_blocks_per_sm) == (65536, 2048, 32)
+        assert 3e-6 <= t.launch_s <= 5e-6 and t.graph_launch_s < t.launch_s
+
+
+def test_unknown_target_is_a_typed_error():
+    with pytest.raises(InvalidInput, match="unknown target"):
+        get_target("v100")
+    assert get_target("H100") is TARGETS["h100"]
+
+
+def test_every_elementwise_op_has_a_flop_weight():
+    assert set(cost.ELEMENTWISE_FLOPS) == set(TOp)
+    assert cost.ELEMENTWISE_FLOPS[TOp.EXP] > cost.ELEMENTWISE_FLOPS[TOp.ADD]
+
+
+# ---- estimates against each other and the roofline ---------------------------------------------
+@pytest.mark.parametrize("target", NAMES)
+@pytest.mark.parametrize("case", sorted(PAIRS))
+def test_fused_beats_unfused_and_both_respect_the_roofline(case, target):
+    spec_fn, fused_fn = PAIRS[case]
+    spec, fused = spec_fn(), fused_fn()
+    bound = cost.roofline(spec, target)
+    unfused_est, fused_est = cost.estimate(spec, target), cost.estimate(fused, target)
+    assert fused_est.seconds < unfused_est.seconds
+    assert fused_est.launches < unfused_est.launches
+    for est in (unfused_est, fused_est):
+        assert bound.seconds <= est.seconds
+        assert bound.hbm_bytes <= est.hbm_bytes
+        assert est.vs(bound) >= 1.0
+
+
+@pytest.mark.parametrize("case", sorted(PAIRS))
+def test_roofline_holds_under_cuda_graphs(case):
+    for graph in (PAIRS[case][0](), PAIRS[case][1]()):
+        bound = cost.roofline(PAIRS[case][0](), "h100", cuda_graph=True)
+        est = cost.estimate(graph, "h100", cuda_graph=True)
+        assert bound.seconds <= est.seconds < cost.estimate(graph, "h100").seconds
+
+
+def _elementwise(n):
+    X = ir.input("X", (n, 4096), "float16")
+    return ir.KernelGraph([(X * X).exp()])
+
+
+def test_more_bytes_is_never_faster():
+    for target in NAMES:
+        times = [cost.estimate(_elementwise(n), target).seconds for n in (16, 256, 4096, 65536)]
+        assert times == sorted(times)
+        fused = [cost.estimate(rms_fused(n=n, grid=n // 64), target).seconds
+                 for n in (1024, 4096, 8192, 16384)]
+        assert fused == sorted(fused)
+
+
+@pytest.mark.parametrize("graph_fn", [lambda: _elementwise(65536), rms_spec, rms_fused,
+                                      mlp_spec, mlp_fused])
+def test_h200_is_not_slower_than_h100_on_memory_bound_graphs(graph_fn):
+    g = graph_fn()
+    h100, h200 = cost.estimate(g, "h100"), cost.estimate(g, "h200")
+    assert any(k.bound == "memory" for k in h100.kernels)
+    assert h200.seconds <= h100.seconds
+    assert cost.estimate(g, "a100").seconds >= h100.seconds
+
+
+def test_layout_ops_fold_into_their_consumer():
+    X, W = ir.input("X", (16, 4096), "float16"), ir.input("W", (6144, 4096), "float16")
+    folded = cost.estimate(ir.KernelGraph([X @ W.T]), "h100")
+    assert folded.launches == 1 and folded.kernels[0].kind == "library"
+    copied = cost.estimate(ir.KernelGraph([W.T]), "h100")
+    assert copied.launches == 1 and copied.kernels[0].kind == "copy"
+    assert cost.estimate(ir.KernelGraph([X.reshape((1, 16, 4096))]), "h100").launches == 0
+
+
+def test_tiny_m_matmuls_are_padded_to_the_mma_shape():
+    assert cost.matmul_flops((1, 64), (64, 64), tensor_core=True) == 2 * 16 * 64 * 64
+    assert cost.matmul_flops((1, 64), (64, 64), tensor_core=False) == 2 * 1 * 64 * 64
+    assert cost.matmul_flops((2, 16, 64), (2, 64, 4), tensor_core=True) == 2 * 2 * 16 * 8 * 64
+    spec = rms_spec(m=1)
+    assert cost.estimate(spec, "h100").tc_flops == 16 * cost.roofline(spec, "h100").tc_flops
+
+
+def test_replicated_inputs_hit_l2_when_they_fit():
+    est = cost.estimate(rms_fused(), "h100")      # X is read by all 96 blocks, W once
+    unique = 16 * 4096 * 2 + 4096 * 6144 * 2 + 16 * 6144 * 2
+    assert est.hbm_bytes == unique
+    # A 64 MB tensor read by every block of a 4x4 grid does not fit half the L2: each wave of
+    # blocks reads it once, so HBM sees more than its unique bytes.
+    A, B = ir.input("A", (4096, 8192), "float16"), ir.input("B", (8192, 4096), "float16")
+    b = ir.BlockBuilder(grid=(32, 32, 1), forloop=128, threads=128)
+    a_t, b_t = b.input(A, imap=(None, 0), fmap=1), b.input(B, imap=(1, None), fmap=0)
+    gemm = cost.estimate(ir.KernelGraph(b.finish([((a_t @ b_t).acc_sum(), (1, 0))])), "h100")
+    assert gemm.hbm_bytes > (4096 * 8192 * 2) * 2 + 4096 * 4096 * 2
+    assert gemm.kernels[0].waves > 1
+
+
+def test_a_grid_smaller_than_the_sm_count_is_slower_per_byte():
+    wide, narrow = cost.estimate(rms_fused(grid=96, forloop=8), "a100"), \
+        cost.estimate(rms_fused(grid=6, forloop=256), "a100")
+    assert narrow.hbm_bytes == wide.hbm_bytes
+    assert narrow.seconds > 2 * wide.seconds
+    assert narrow.kernels[0].blocks == 6
+
+
+def test_short_tiles_make_a_kernel_latency_bound():
+    deep = cost.estimate(rms_fused(forloop=64), "h100").kernels[0]
+    shallow = cost.estimate(rms_fused(forloop=16), "h100").kernels[0]
+    assert deep.bound == "latency" and shallow.bound == "memory"
+    assert deep.seconds > shallow.seconds
+
+
+# ---- occupancy and fit -------------------------------------------------------------------------
+def test_occupancy_on_known_cases():
+    assert cost.blocks_per_sm("a100", 128, 96 * KB, 128) == 1
+    assert cost.blocks_per_sm("h100", 128, 96 * KB, 128) == 2
+    assert cost.blocks_per_sm("h100", 128, 0, 128) == 4          # registers: 16K per block
+    assert cost.blocks_per_sm("h100", 1024, 0, 32) == 2          # threads
+    assert cost.blocks_per_sm("h100", 32, 0, 32) == 32           # the block-count limit
+    assert cost.blocks_per_sm("h100", 256, 0, 255) == 1          # 255 regs round up to 256
+    assert cost.blocks_per_sm("a100", 128, 164 * KB, 128) == 0   # over the per-block limit
+
+
+def test_estimate_reports_occupancy_and_waves():
+    k = cost.estimate(rms_fused(forloop=16), "a100").kernels[0]
+    assert (k.blocks, k.blocks_per_sm, k.waves) == (96, 2, 1)
+    assert k.smem_bytes == cost.smem_bytes(rms_fused(forloop=16).outputs[0].arg[0])
+
+
+def test_smem_footprint_model():
+    bg = rms_fused(forloop=16).outputs[0].arg[0]
+    tiles = 2 * (16 * 256 * 2) + 2 * (256 * 64 * 2)   # double-buffered f16 tiles
+    scratch = 4 * 4 * 16                               # one partial per warp for 16 row sums
+    assert cost.smem_bytes(bg) == tiles + scratch
+    assert cost.registers_per_thread(bg) == cost.DEFAULT_REGS
+    single = rms_fused(forloop=1, grid=1536).outputs[0].arg[0]  # no loop: one buffer
+    assert cost.smem_bytes(single) == 16 * 4096 * 2 + 4096 * 4 * 2 + 4 * 4 * 16
+
+
+def test_over_the_limit_does_not_fit():
+    big = rms_fused(grid=96, forloop=4).outputs[0].arg[0]    # ~320 KB of tiles
+    assert not cost.fits(big, "h100")
+    assert cost.misfit(big, "h100") is cost.Misfit.SHARED_MEMORY
+    with pytest.raises(ResourceError, match="shared memory"):
+        cost.estimate(rms_fused(grid=96, forloop=4), "h100")
+    mid = rms_fused(grid=96, forloop=8).outputs[0].arg[0]    # ~160 KB
+    assert cost.fits(mid, "h100") and cost.fits(mid, "a100")
+    wide = rms_fused(grid=48, forloop=8).outputs[0].arg[0]   # ~290 KB
+    assert not cost.fits(wide, "h100")
+    tall = rms_fused(grid=64, forloop=8).outputs[0].arg[0]   # ~224 KB: Hopper only
+    assert cost.fits(tall, "h100") and not cost.fits(tall, "a100")
+
+
+def test_large_accumulators_raise_the_register_budget():
+    X, W = ir.input("X", (256, 4096), "float16"), ir.input("W", (4096, 4096), "float16")
+    b = ir.BlockBuilder(grid=(32, 2, 1), forloop=64, threads=128)
+    x, w = b.input(X, imap=(None, 0), fmap=1), b.input(W, imap=(1,), fmap=0)
+    bg = b.graph([((x @ w).acc_sum(), (1, 0))])   # 128x128 fp32 accumulator: 128 per thread
+    assert cost.registers_per_thread(bg) == cost.BASE_REGS + 128
+    assert cost.smem_bytes(bg) == 2 * 2 * (128 * 64 * 2)   # no spill
+    wide = ir.BlockBuilder(grid=(16, 2, 1), forloop=64, threads=128)
+    x, w = wide.input(X, imap=(None, 0), fmap=1), wide.input(W, imap=(1,), fmap=0)
+    spilled = wide.graph([((x @ w).acc_sum(), (1, 0))])   # 128x256: 256 per thread
+    assert cost.registers_per_thread(spilled) == cost.MAX_REGS
+    assert cost.smem_bytes(spilled) > 2 * (128 * 64 * 2 + 64 * 256 * 2)
+
+
+# ---- reports, caching, speed -------------------------------------------------------------------
+def test_reports_show_the_estimate_next_to_the_bound():
+    spec, fused = rms_spec(), rms_fused()
+    bound, est = cost.roofline(spec, "h100"), cost.estimate(fused, "h100")
+    line = cost.format_estimate(est, bound)
+    assert re.fullmatch(r"\d+\.\d\d µs \(\d+\.\d× the roofline bound \d+\.\d\d µs\)", line)
+    table = str(cost.estimate(spec, "h100"))
+    assert "rms_norm" in table and "matmul" in table and "total on h100" in table
+    assert "roofline" in cost.format_table(est, bound)
+    assert "roofline on h100" in str(bound)
+
+
+def test_estimates_are_cached_per_graph_and_target():
+    g = attn_split_kv()
+    assert cost.estimate(g, "h100") is cost.estimate(g, "h100")
+    assert cost.estimate(g, "h100") is not cost.estimate(g, "h200")
+
+
+def test_estimate_is_fast():
+    graphs = [fn() for pair in PAIRS.values() for fn in pair]
+    start = time.perf_counter()
+    for _ in range(20):
+        cost._ESTIMATE_CACHE.clear()
+        cost._BLOCK_CACHE.clear()
+        for g in graphs:
+            cost.estimate(g, "h100")
+    per_graph = (time.perf_counter() - start) / (20 * len(graphs))
+    assert per_graph < 1e-3
+
+
+def _assorted():
+    X, W = ir.input("X", (64, 512), "float16"), ir.input("W", (512, 256), "float32")
+    Y = ir.input("Y", (64, 512), "float16")
+    return [ir.KernelGraph([X.T]), ir.KernelGraph([X.reshape((1, 64, 512))]),
+            ir.KernelGraph([(X + Y).gelu().amax(1)]), ir.KernelGraph([X @ W]),
+            ir.KernelGraph([ir.concat([X, Y], 0).tanh()]),
+            ir.KernelGraph([(X / X.sum(1)).clamp(-1.0, 1.0), Y.rsqrt()])]
+
+
+@pytest.mark.parametrize("target", NAMES)
+def test_roofline_bounds_assorted_library_graphs(target):
+    for g in _assorted():
+        bound, est = cost.roofline(g, target), cost.estimate(g, target)
+        assert bound.seconds <= est.seconds and bound.hbm_bytes <= est.hbm_bytes
+        assert est.launches == sum(k.kind != "custom" for k in est.kernels)
