@@ -21,25 +21,28 @@ AXES = ("x", "y", "z")
 Map = tuple  # three entries, one per grid axis: a tensor dim or None
 
 
-def _norm_map(value, rank: int, what: str) -> tuple:
+def _norm_map(value, rank: int, what: str, field: str | None = None) -> tuple:
     """Accept (d0, d1, d2), a shorter tuple, a dict {"x": d} or None; return a 3-tuple."""
     if value is None:
         return (None, None, None)
     if isinstance(value, dict):
         bad = set(value) - set(AXES)
         if bad:
-            raise InvalidGraph(f"{what} names unknown grid axes {sorted(bad)}", hint="use x, y, z")
+            raise InvalidGraph(f"{what} names unknown grid axes {sorted(bad)}", field=field,
+                               hint="use x, y, z")
         value = tuple(value.get(a) for a in AXES)
     value = tuple(value) + (None,) * (3 - len(tuple(value)))
     if len(value) != 3:
-        raise InvalidGraph(f"{what} {value!r} has more than 3 entries", hint="one per grid axis")
+        raise InvalidGraph(f"{what} {value!r} has more than 3 entries", field=field,
+                           hint="one per grid axis")
     for v in value:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < rank):
             raise InvalidGraph(f"{what} {value!r} maps a grid axis to dim {v!r}, but the tensor "
-                               f"has rank {rank}", hint=f"use a dim in 0..{rank - 1} or None")
+                               f"has rank {rank}", field=field,
+                               hint=f"use a dim in 0..{rank - 1} or None")
     used = [v for v in value if v is not None]
     if len(used) != len(set(used)):
-        raise InvalidGraph(f"{what} {value!r} maps two grid axes to the same dim",
+        raise InvalidGraph(f"{what} {value!r} maps two grid axes to the same dim", field=field,
                            hint="each grid axis must split a different dim")
     return value
 
@@ -52,6 +55,14 @@ def _grid(value) -> tuple[int, int, int]:
     if value[1] > 65535 or value[2] > 65535 or value[0] > 2**31 - 1:
         raise InvalidGraph(f"grid {value!r} exceeds CUDA's limits (2^31-1, 65535, 65535)",
                            field="grid")
+    return value
+
+
+def _forloop(value) -> int:
+    # checked before any tile is cut, so a bad trip count never reaches a division
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidGraph(f"forloop={value!r} is not a trip count >= 1", field="forloop",
+                           hint="use 1 for a block without a loop")
     return value
 
 
@@ -69,11 +80,20 @@ class BlockInput:
 
     def __post_init__(self):
         check_shape(self.shape, f"block input {self.index}")
-        object.__setattr__(self, "imap", _norm_map(self.imap, len(self.shape), f"input {self.index} imap"))
-        if self.fmap is not None and not (isinstance(self.fmap, int) and 0 <= self.fmap < len(self.shape)):
+        object.__setattr__(self, "grid", _grid(self.grid))
+        _forloop(self.forloop)
+        object.__setattr__(self, "imap", _norm_map(self.imap, len(self.shape),
+                                                   f"input {self.index} imap", self._field("imap")))
+        fmap_ok = isinstance(self.fmap, int) and not isinstance(self.fmap, bool) \
+            and 0 <= self.fmap < len(self.shape)
+        if self.fmap is not None and not fmap_ok:
             raise InvalidGraph(f"input {self.index} fmap {self.fmap!r} is not a dim of a rank-"
-                               f"{len(self.shape)} tensor", hint="use a dim index or None")
+                               f"{len(self.shape)} tensor", field=self._field("fmap"),
+                               hint="use a dim index or None")
         self.tile_shape  # runs the divisibility checks
+
+    def _field(self, part: str) -> str:
+        return f"inputs[{self.index}].{part}"
 
     @property
     def tile_shape(self) -> tuple:
@@ -84,12 +104,14 @@ class BlockInput:
             if tile[dim] % self.grid[axis]:
                 raise ShapeError(f"input {self.index} {_fmt(self.shape)}: grid {AXES[axis]}="
                                  f"{self.grid[axis]} does not divide dim {dim} ({tile[dim]})",
+                                 field=self._field("imap"),
                                  hint="choose a grid extent that divides the dim it splits")
             tile[dim] //= self.grid[axis]
         if self.fmap is not None:
             if tile[self.fmap] % self.forloop:
                 raise ShapeError(f"input {self.index} {_fmt(self.shape)}: forloop {self.forloop} "
                                  f"does not divide dim {self.fmap} of its block tile ({tile[self.fmap]})",
+                                 field=self._field("fmap"),
                                  hint="choose a trip count that divides the per-block extent")
             tile[self.fmap] //= self.forloop
         return tuple(tile)
@@ -186,11 +208,11 @@ def _excerpt(graph: BlockGraph, node: BNode) -> str:
 
 def check_block_graph(g: BlockGraph) -> None:
     """Raise InvalidGraph (with the field and an IR excerpt) unless `g` follows every block rule."""
-    if not isinstance(g.threads, int) or g.threads % 32 or not 32 <= g.threads <= 1024:
-        raise InvalidGraph(f"threads={g.threads!r}", field="threads",
-                           hint="a multiple of 32 between 32 and 1024")
-    if not isinstance(g.forloop, int) or isinstance(g.forloop, bool) or g.forloop < 1:
-        raise InvalidGraph(f"forloop={g.forloop!r}", field="forloop", hint="a trip count >= 1")
+    if not isinstance(g.threads, int) or isinstance(g.threads, bool) or g.threads % 32 \
+            or not 32 <= g.threads <= 1024:
+        raise InvalidGraph(f"threads={g.threads!r} is not a multiple of 32 between 32 and 1024",
+                           field="threads", hint="use 128 (the default) or 256")
+    _forloop(g.forloop)
     if not g.outputs:
         raise InvalidGraph("a block graph needs at least one output", field="outputs")
     _check_inputs(g)
@@ -246,8 +268,10 @@ def _check_node_phase(g: BlockGraph, node: BNode, p: Phase, phase) -> None:
                                    hint="only acc_max / acc_max_last may be read inside the loop "
                                         "(their running value)" + _excerpt(g, node))
             if phase[s] is Phase.EPILOGUE:
-                raise InvalidGraph(f"{node.op.value} mixes loop values with after-loop values",
-                                   field="nodes", hint=_excerpt(g, node).strip())
+                raise InvalidGraph(f"{node.op.value} reads {s.op.value}, a value that exists only "
+                                   "after the loop, inside the loop", field="nodes",
+                                   hint="read the running acc_max / acc_max_last itself, or move "
+                                        "the op after the loop" + _excerpt(g, node))
 
 
 def _check_output(g: BlockGraph, i: int, out: BlockOutput, phase) -> None:
@@ -292,7 +316,7 @@ class BlockBuilder:
 
     def __init__(self, grid, forloop: int = 1, threads: int = 128):
         self.grid = _grid(grid)
-        self.forloop = forloop
+        self.forloop = _forloop(forloop)
         self.threads = threads
         self._srcs: list[KNode] = []
         self._inputs: list[BNode] = []
@@ -300,10 +324,11 @@ class BlockBuilder:
     def input(self, tensor: KNode, imap=None, fmap: int | None = None) -> BNode:
         if not isinstance(tensor, KNode):
             raise InvalidGraph(f"BlockBuilder.input takes a kernel tensor (KNode), got {tensor!r}")
-        if fmap is not None and fmap < 0:
+        if isinstance(fmap, int) and fmap < 0:
             fmap += tensor.rank
         spec = BlockInput(len(self._inputs), tensor.shape, tensor.dtype,
-                          _norm_map(imap, tensor.rank, f"input {len(self._inputs)} imap"), fmap,
+                          _norm_map(imap, tensor.rank, f"input {len(self._inputs)} imap",
+                                    f"inputs[{len(self._inputs)}].imap"), fmap,
                           self.grid, self.forloop)
         node = BNode(BOp.INPUT, (), spec)
         self._srcs.append(tensor)
@@ -327,7 +352,7 @@ class BlockBuilder:
             return spec
         node, omap, *rest = spec
         dtype = DType.parse(rest[0]) if rest else self._default_dtype()
-        omap = _norm_map(omap, node.rank, f"output {i} omap")
+        omap = _norm_map(omap, node.rank, f"output {i} omap", f"outputs[{i}].omap")
         shape = tuple(rest[1]) if len(rest) > 1 else _covered_shape(node.shape, omap, self.grid)
         return BlockOutput(node, omap, dtype, shape)
 

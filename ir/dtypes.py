@@ -37,8 +37,11 @@ class DType(Enum):
         """Accept a DType, its name ("float16", "f16", "bf16") or a NumPy/JAX dtype."""
         if isinstance(value, DType):
             return value
-        name = value if isinstance(value, str) else getattr(np.dtype(value), "name", str(value))
-        found = _BY_NAME.get(str(name).lower())
+        try:
+            name = value if isinstance(value, str) else np.dtype(value).name
+        except TypeError:  # not a dtype at all (e.g. an arbitrary object)
+            name = ""
+        found = _BY_NAME.get(name.lower())
         if found is None:
             raise InvalidGraph(f"unknown dtype {value!r}", field=field,
                                hint="use one of float16, bfloat16, float32")

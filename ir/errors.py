@@ -28,6 +28,7 @@ class InvalidGraph(MugraphError):
     def __init__(self, message: str, *, field: str | None = None, hint: str | None = None):
         self.field = field
         super().__init__(f"{field}: {message}" if field else message, hint=hint)
+        self.message = message  # without the field, so a caller can re-raise it at another field
 
 
 class ShapeError(InvalidGraph):

@@ -32,6 +32,10 @@ class KernelGraph(_Interned):
 
         return cls._intern(key, build)
 
+    def __reduce__(self):
+        # the interning key is (inputs, outputs, names); the constructor takes outputs first
+        return (type(self), (self.outputs, self.inputs, self.output_names))
+
     @property
     def nodes(self) -> list[KNode]:
         """Every node, sources first (inputs that no output uses are still listed, first)."""
@@ -82,6 +86,10 @@ def check_kernel_graph(g: KernelGraph) -> None:
         if node.op is KOp.INPUT and node not in g.inputs:
             raise InvalidGraph(f"input {node.arg[0]!r} is used but not listed in the graph's inputs",
                                field="inputs")
+    for i, name in enumerate(g.output_names):
+        if not isinstance(name, str) or not name:
+            raise InvalidGraph(f"output name {name!r} is not a non-empty string",
+                               field=f"output_names[{i}]")
     if len(g.output_names) != len(g.outputs) or len(set(g.output_names)) != len(g.outputs):
         raise InvalidGraph(f"output names {g.output_names!r} must be unique, one per output",
                            field="output_names")

@@ -47,16 +47,21 @@ def _semantics_for(dtype):
         return FLOAT64
     if dtype == "own":
         return OWN_DTYPE
-    raise InvalidInput(f"interpret dtype={dtype!r}", hint='use "float64" or "own"')
+    raise InvalidInput(f"interpret dtype={dtype!r} is not supported",
+                       hint='use "float64" (exact reference) or "own" (each tensor\'s dtype)')
 
 
 def _check_arrays(arrays, shapes) -> list:
+    if isinstance(arrays, Mapping) or not isinstance(arrays, Sequence):
+        raise InvalidInput(f"pass a block graph's inputs as a list, got {type(arrays).__name__}",
+                           hint="block graph inputs have no names; list them in input order")
     arrays = list(arrays)
     if len(arrays) != len(shapes):
-        raise InvalidInput(f"expected {len(shapes)} arrays, got {len(arrays)}")
+        raise InvalidInput(f"the block graph takes {len(shapes)} input arrays, got {len(arrays)}")
     for i, (a, (shape, _)) in enumerate(zip(arrays, shapes)):
         if tuple(np.shape(a)) != tuple(shape):
-            raise InvalidInput(f"array {i} has shape {tuple(np.shape(a))}, expected {tuple(shape)}")
+            raise InvalidInput(f"block graph input {i} has shape {tuple(np.shape(a))}, the graph "
+                               f"expects {tuple(shape)}")
     return arrays
 
 
@@ -70,8 +75,9 @@ def bind_inputs(graph: KernelGraph, arrays) -> list:
             raise InvalidInput(f"inputs by name: missing {missing}, unexpected {extra}",
                                hint=f"the graph's inputs are {list(names)}")
         arrays = [arrays[n] for n in names]
-    elif not isinstance(arrays, Sequence) and not isinstance(arrays, np.ndarray):
-        raise InvalidInput(f"pass the inputs as a list or a dict, got {type(arrays).__name__}")
+    elif not isinstance(arrays, Sequence):
+        raise InvalidInput(f"pass the inputs as a list or a dict, got {type(arrays).__name__}",
+                           hint="wrap a single array in a list: [x]")
     arrays = list(arrays)
     if len(arrays) != len(names):
         raise InvalidInput(f"the graph takes {len(names)} inputs {list(names)}, got {len(arrays)} arrays")

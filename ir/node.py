@@ -96,9 +96,14 @@ class _Node(_Interned):
         if isinstance(value, type(self)):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return type(self)(self._CONSTANT, (), (float(value), (1,) * self.rank, self.dtype))
+            arg = (float(value), (1,) * self.rank, self._scalar_dtype())
+            return type(self)(self._CONSTANT, (), arg)
         raise InvalidGraph(f"cannot combine {self!r} with {value!r}",
                            hint=f"use a {type(self).__name__} or a Python number")
+
+    def _scalar_dtype(self) -> DType:
+        """The dtype a Python number takes next to this node."""
+        return self.dtype
 
     def _binary(self, op: TOp, other, reverse: bool = False):
         other = self._lift(other)
@@ -178,6 +183,10 @@ class BNode(_Node):
     def _infer(cls, op, srcs, arg):
         from mugraph.ir.shapes import infer_block
         return infer_block(op, srcs, arg)
+
+    def _scalar_dtype(self) -> DType:
+        # block values live in fp32 registers, even next to a 16-bit input tile
+        return DType.FLOAT32
 
     def acc_sum(self): return BNode(BOp.ACC_SUM, (self,))
     def acc_sum_last(self): return BNode(BOp.ACC_SUM_LAST, (self,))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from mugraph.ir.block import BlockGraph, BlockInput, BlockOutput
+from mugraph.ir.block import BlockGraph, BlockInput, BlockOutput, _forloop, _grid
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph, MugraphError
 from mugraph.ir.graph import KernelGraph
@@ -125,12 +125,22 @@ def _dtype(value, field) -> DType:
     return DType.parse(value, field=field)
 
 
-def _ref(ids: list, value, field):
+def _ref(ids: list, value, field, what="node"):
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(ids):
-        raise InvalidGraph(f"{json.dumps(value)[:40]} does not name an earlier node "
-                           f"(0..{len(ids) - 1})", field=field,
-                           hint="node lists are in topological order; sources point backwards")
+        known = f"0..{len(ids) - 1}" if ids else "there are none"
+        raise InvalidGraph(f"{json.dumps(value)[:40]} does not name an earlier {what} ({known})",
+                           field=field, hint="node lists are in topological order; sources "
+                                             "point backwards" if what == "node" else None)
     return ids[value]
+
+
+def _refs(ids: list, values, field) -> tuple:
+    return tuple(_ref(ids, v, f"{field}[{i}]") for i, v in enumerate(values))
+
+
+def _at(e: InvalidGraph, field: str) -> InvalidGraph:
+    """`e` moved to the JSON path `field`, keeping its type (ShapeError stays ShapeError)."""
+    return type(e)(e.message, field=field, hint=e.hint)
 
 
 def _scalar_arg(op, arg, field):
@@ -157,33 +167,29 @@ def _build(cls, op, srcs, arg, field):
     try:
         return cls(op, srcs, arg)
     except InvalidGraph as e:
-        raise InvalidGraph(e.message, field=field, hint=e.hint) from None
+        raise _at(e, field) from None
 
 
 def _block_from(obj, field) -> BlockGraph:
     grid = _ints(_get(obj, "grid", list, field), f"{field}.grid")
     threads = _get(obj, "threads", int, field)
     forloop = _get(obj, "forloop", int, field)
+    try:  # before any input is tiled by them
+        grid, forloop = _grid(grid), _forloop(forloop)
+    except InvalidGraph as e:
+        raise _at(e, f"{field}.{e.field}") from None
     ids: list[BNode] = []
     for i, entry in enumerate(_get(obj, "nodes", list, field)):
         f = f"{field}.nodes[{i}]"
         op = _op(entry, "block", f)
-        srcs = tuple(_ref(ids, s, f"{f}.srcs") for s in _get(entry, "srcs", list, f, []))
+        srcs = _refs(ids, _get(entry, "srcs", list, f, []), f"{f}.srcs")
         arg = _get(entry, "arg", object, f, None)
         if op is BOp.INPUT:
-            try:
-                arg = BlockInput(_get(arg, "index", int, f"{f}.arg"),
-                                 _ints(_get(arg, "shape", list, f"{f}.arg"), f"{f}.arg.shape"),
-                                 _dtype(_get(arg, "dtype", str, f"{f}.arg"), f"{f}.arg.dtype"),
-                                 _ints(_get(arg, "imap", list, f"{f}.arg"), f"{f}.arg.imap", True),
-                                 _get(arg, "fmap", (int, type(None)), f"{f}.arg"),
-                                 tuple(grid) + (1,) * (3 - len(grid)), forloop)
-            except InvalidGraph as e:
-                raise InvalidGraph(e.message, field=e.field or f"{f}.arg", hint=e.hint) from None
+            arg = _block_input(arg, grid, forloop, f"{f}.arg")
         else:
             arg = _scalar_arg(op, arg, f"{f}.arg")
         ids.append(_build(BNode, op, srcs, arg, f))
-    inputs = tuple(_ref(ids, r, f"{field}.inputs") for r in _get(obj, "inputs", list, field))
+    inputs = _refs(ids, _get(obj, "inputs", list, field), f"{field}.inputs")
     outputs = []
     for i, o in enumerate(_get(obj, "outputs", list, field)):
         f = f"{field}.outputs[{i}]"
@@ -193,12 +199,25 @@ def _block_from(obj, field) -> BlockGraph:
                                        _dtype(_get(o, "dtype", str, f), f"{f}.dtype"),
                                        _ints(_get(o, "shape", list, f), f"{f}.shape")))
         except InvalidGraph as e:
-            raise InvalidGraph(e.message, field=e.field or f, hint=e.hint) from None
+            raise _at(e, e.field or f) from None
     try:
         return BlockGraph(grid, threads, forloop, inputs, tuple(outputs))
     except InvalidGraph as e:
-        raise InvalidGraph(e.message, field=f"{field}.{e.field}" if e.field else field,
-                           hint=e.hint) from None
+        raise _at(e, f"{field}.{e.field}" if e.field else field) from None
+
+
+def _block_input(arg, grid, forloop, field) -> BlockInput:
+    fields = (_get(arg, "index", int, field),
+              _ints(_get(arg, "shape", list, field), f"{field}.shape"),
+              _dtype(_get(arg, "dtype", str, field), f"{field}.dtype"),
+              _ints(_get(arg, "imap", list, field), f"{field}.imap", True),
+              _get(arg, "fmap", (int, type(None)), field))
+    try:
+        return BlockInput(*fields, grid, forloop)
+    except InvalidGraph as e:
+        # BlockInput names its own parts (`inputs[i].imap`); in the file they are `arg.imap`
+        part = e.field.rsplit(".", 1)[1] if e.field else None
+        raise _at(e, f"{field}.{part}" if part else field) from None
 
 
 def _op(entry, level, field):
@@ -214,7 +233,8 @@ def from_dict(obj) -> KernelGraph:
     if not isinstance(obj, dict):
         raise InvalidGraph(f"expected a JSON object, got {type(obj).__name__}", field="$")
     if obj.get("format") != FORMAT:
-        raise InvalidGraph(f"format is {obj.get('format')!r}, expected {FORMAT!r}", field="format")
+        raise InvalidGraph(f"format is {obj.get('format')!r}, expected {FORMAT!r}", field="format",
+                           hint="this is not a mugraph graph file; write one with mugraph.ir.save")
     version = obj.get("version")
     if version != VERSION:
         raise InvalidGraph(f"schema version {version!r} is not supported (this mugraph reads "
@@ -226,25 +246,23 @@ def from_dict(obj) -> KernelGraph:
     for i, entry in enumerate(_get(obj, "nodes", list, "$")):
         f = f"nodes[{i}]"
         op = _op(entry, "kernel", f)
-        srcs = tuple(_ref(ids, s, f"{f}.srcs") for s in _get(entry, "srcs", list, f, []))
+        srcs = _refs(ids, _get(entry, "srcs", list, f, []), f"{f}.srcs")
         arg = _get(entry, "arg", object, f, None)
         if op is KOp.INPUT:
             arg = (_get(arg, "name", str, f"{f}.arg"),
                    _ints(_get(arg, "shape", list, f"{f}.arg"), f"{f}.arg.shape"),
                    _dtype(_get(arg, "dtype", str, f"{f}.arg"), f"{f}.arg.dtype"))
         elif op is KOp.CUSTOM:
-            arg = (_ref(blocks, _get(arg, "block_graph", int, f"{f}.arg"), f"{f}.arg.block_graph"),
+            arg = (_ref(blocks, _get(arg, "block_graph", int, f"{f}.arg"), f"{f}.arg.block_graph",
+                        "block graph"),
                    _get(arg, "output", int, f"{f}.arg"))
         else:
             arg = _scalar_arg(op, arg, f"{f}.arg")
         ids.append(_build(KNode, op, srcs, arg, f))
-    inputs = [_ref(ids, r, "inputs") for r in _get(obj, "inputs", list, "$")]
-    outputs = [_ref(ids, r, "outputs") for r in _get(obj, "outputs", list, "$")]
+    inputs = _refs(ids, _get(obj, "inputs", list, "$"), "inputs")
+    outputs = _refs(ids, _get(obj, "outputs", list, "$"), "outputs")
     names = _get(obj, "output_names", list, "$", None)
-    try:
-        return KernelGraph(outputs, inputs, names)
-    except InvalidGraph as e:
-        raise InvalidGraph(e.message, field=e.field, hint=e.hint) from None
+    return KernelGraph(outputs, inputs, names)
 
 
 def from_json(text: str) -> KernelGraph:

@@ -174,15 +174,19 @@ def _broadcast(op, srcs, arg):
 def _custom(op, srcs, arg):
     from mugraph.ir.block import BlockGraph
     if not (isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], BlockGraph)
-            and isinstance(arg[1], int) and 0 <= arg[1] < len(arg[0].outputs)):
+            and isinstance(arg[1], int) and not isinstance(arg[1], bool)):
         raise InvalidGraph(f"custom needs (BlockGraph, output index), got {arg!r}")
     graph = arg[0]
+    if not 0 <= arg[1] < len(graph.outputs):
+        raise InvalidGraph(f"custom output index {arg[1]} is out of range: its block graph has "
+                           f"{len(graph.outputs)} output(s)")
     _arity(op, srcs, len(graph.inputs))
     for i, (src, bin_) in enumerate(zip(srcs, graph.inputs)):
         spec = bin_.arg
         if src.shape != spec.shape or src.dtype is not spec.dtype:
             raise ShapeError(f"custom op input {i} is {src.dtype.short}{_fmt(src.shape)} but its "
-                             f"block graph expects {spec.dtype.short}{_fmt(spec.shape)}")
+                             f"block graph expects {spec.dtype.short}{_fmt(spec.shape)}",
+                             hint="pass the tensors the block graph was built for, in order")
     out = graph.outputs[arg[1]]
     return out.shape, out.dtype
 

@@ -1,0 +1,66 @@
+"""An independent evaluator of kernel graphs in jax.numpy (float32), one entry per op.
+
+The reference interpreter is checked against it: the two share nothing but the op enums.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import numpy as np
+
+from mugraph.ir import KOp, TOp
+
+JNP_ELEMENTWISE = {
+    TOp.EXP: lambda x, arg: jnp.exp(x),
+    TOp.LOG: lambda x, arg: jnp.log(x),
+    TOp.SQUARE: lambda x, arg: jnp.square(x),
+    TOp.SQRT: lambda x, arg: jnp.sqrt(x),
+    TOp.RSQRT: lambda x, arg: jax.lax.rsqrt(x),
+    TOp.SILU: lambda x, arg: jax.nn.silu(x),
+    TOp.GELU: lambda x, arg: jax.nn.gelu(x, approximate=False),
+    TOp.RELU: lambda x, arg: jax.nn.relu(x),
+    TOp.SIGMOID: lambda x, arg: jax.nn.sigmoid(x),
+    TOp.TANH: lambda x, arg: jnp.tanh(x),
+    TOp.ERF: lambda x, arg: jsp.erf(x),
+    TOp.NEG: lambda x, arg: jnp.negative(x),
+    TOp.CLAMP: lambda x, arg: jnp.clip(x, arg[0], arg[1]),
+    TOp.ADD: lambda x, y, arg: jnp.add(x, y),
+    TOp.SUB: lambda x, y, arg: jnp.subtract(x, y),
+    TOp.MUL: lambda x, y, arg: jnp.multiply(x, y),
+    TOp.DIV: lambda x, y, arg: jnp.divide(x, y),
+    TOp.POW: lambda x, y, arg: jnp.power(x, y),
+    TOp.MAX: lambda x, y, arg: jnp.maximum(x, y),
+    TOp.MIN: lambda x, y, arg: jnp.minimum(x, y),
+}
+
+
+def _rms_norm(x, arg):
+    dim, eps = arg
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=dim, keepdims=True) + eps)
+
+
+JNP_KERNEL = {
+    KOp.CONSTANT: lambda arg: jnp.full(arg[1], arg[0], jnp.float32),
+    KOp.MATMUL: lambda a, b, arg: jnp.matmul(a, b),
+    KOp.REDUCE_SUM: lambda x, arg: jnp.sum(x, axis=arg, keepdims=True),
+    KOp.REDUCE_MAX: lambda x, arg: jnp.max(x, axis=arg, keepdims=True),
+    KOp.RMS_NORM: _rms_norm,
+    KOp.CONCAT: lambda *xs_arg: jnp.concatenate(xs_arg[:-1], axis=xs_arg[-1]),
+    KOp.TRANSPOSE: lambda x, arg: jnp.transpose(x, arg),
+    KOp.RESHAPE: lambda x, arg: jnp.reshape(x, arg),
+    KOp.BROADCAST: lambda x, arg: jnp.broadcast_to(x, arg),
+}
+
+JNP_EVAL = JNP_KERNEL | JNP_ELEMENTWISE  # INPUT is bound by the caller; CUSTOM is not evaluated
+
+
+def evaluate(graph, arrays) -> list[np.ndarray]:
+    """Every output of a kernel graph without custom ops, in float32 via jax.numpy."""
+    values = {n: jnp.asarray(np.asarray(a, n.dtype.numpy), jnp.float32)
+              for n, a in zip(graph.inputs, arrays)}
+    for node in graph.nodes:
+        if node not in values:
+            srcs = [values[s] for s in node.srcs]
+            values[node] = JNP_EVAL[node.op](*srcs, node.arg)
+    return [np.asarray(values[o], np.float64) for o in graph.outputs]
