@@ -1,1 +1,10 @@
-"""x"""
+"""CUDA code generation: kernel graphs to one ``.cu`` file plus a launch plan, compiled with NVRTC, tested on the
+CPU harness (the CUDA CPU shim) and launched with CuPy on a GPU."""
+from mugraph.codegen.compile import CompiledKernel, compile_cuda
+from mugraph.codegen.generate import GeneratedModule, generate, generate_cuda
+from mugraph.codegen.plan import (Buffer, KernelLaunch, LaunchPlan, SmemAlloc, SmemPlan,
+                                  plan_shared_memory)
+from mugraph.codegen.run_cpu import run_on_cpu
+
+__all__ = ["Buffer", "CompiledKernel", "GeneratedModule", "KernelLaunch", "LaunchPlan", "SmemAlloc",
+           "SmemPlan", "compile_cuda", "generate", "generate_cuda", "plan_shared_memory", "run_on_cpu"]

@@ -1,0 +1,334 @@
+"""The launch plan of a kernel graph (which kernels run, on which buffers) and the shared-memory planner of one
+block graph (where each shared buffer lives, reusing space between buffers whose lifetimes do not overlap).
+
+Kernel level: every custom op (distinct block graph and sources) is one generated ``__global__`` function; every
+other op is a library launch (CuPy on a GPU, NumPy in ``run_on_cpu``). A custom op reading a transpose, reshape
+or broadcast of a tensor reads the tensor itself through strides (no copy); such layout ops become library
+launches only when a library op or a graph output needs them materialised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mugraph.codegen.arch import ArchSpec, get_arch
+from mugraph.codegen.lower import InputView, KernelIR, Lowering, OutputView, SmemBuffer
+from mugraph.codegen.render import DTYPE_C
+from mugraph.ir.block import BlockGraph
+from mugraph.ir.dtypes import DType
+from mugraph.ir.errors import InvalidGraph, ResourceError
+from mugraph.ir.graph import KernelGraph
+from mugraph.ir.node import KNode
+from mugraph.ir.ops import KERNEL_LAYOUT, KOp
+
+# ---- the interface the runtimes read -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A device tensor: a graph input, a graph output or an intermediate between launches."""
+
+    name: str
+    shape: tuple
+    dtype: DType
+    role: str  # "input" | "output" | "intermediate"
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One launch. Custom: ``name`` is the ``__global__`` function, ``args`` its pointer parameters in order.
+    Library: ``name`` is "", ``args`` are the operands then the result, ``library_op`` the KNode to evaluate;
+    grid and block are (0, 0, 0) (the library chooses)."""
+
+    name: str
+    kind: str  # "custom" | "library"
+    grid: tuple
+    block: tuple
+    smem_bytes: int  # dynamic shared memory; above 48 KiB the launcher must raise the kernel's attribute
+    args: tuple
+    library_op: object = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    kernels: tuple
+    buffers: tuple
+    inputs: tuple   # buffer names in the graph's input order
+    outputs: tuple  # buffer names in the graph's output order (a name may repeat, or be an input's)
+
+
+# ---- shared-memory planning --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmemAlloc:
+    """One placed shared buffer: ``[offset, offset + nbytes)``, live from step ``first`` to step ``last``."""
+
+    name: str
+    offset: int
+    nbytes: int
+    role: str
+    what: str
+    first: int
+    last: int
+    layout: object = None     # layouts.TileLayout (its .matrix is the ldmatrix SmemLayout, if any)
+    stages: int = 1
+    ldmatrix: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    """Every shared buffer of one kernel with its place; ``total_bytes`` is the dynamic shared memory to launch
+    with (0 when the kernel needs none)."""
+
+    arch: str
+    total_bytes: int
+    limit: int
+    allocations: tuple
+
+    def by_name(self, name: str) -> SmemAlloc:
+        return next(a for a in self.allocations if a.name == name)
+
+    def ldmatrix_layouts(self) -> list:
+        """The per-matrix SmemLayout of every buffer ldmatrix reads."""
+        return [a.layout.matrix for a in self.allocations if a.ldmatrix and a.layout is not None]
+
+
+def lifetimes(ir: KernelIR) -> dict[str, tuple[int, int]]:
+    """(first, last) step of every buffer; a buffer used inside the loop and before it lives through the whole
+    loop (each iteration reads it again), and one live across the loop's back edge through all of it."""
+    loop = [i for i, s in enumerate(ir.steps) if s.region == "loop"]
+    lo, hi = (loop[0], loop[-1]) if loop else (None, None)
+    spans: dict[str, list[int]] = {}
+    for i, step in enumerate(ir.steps):
+        for name in step.reads | step.writes:
+            spans.setdefault(name.split("#")[0], []).append(i)
+    for name in ir.staged_inputs:  # written by each iteration's prefetch, read by the next
+        spans.setdefault(name, []).extend([lo, hi] if lo is not None else [])
+    out = {}
+    for name in ir.buffers:
+        steps = spans.get(name) or [0]
+        first, last = min(steps), max(steps)
+        if lo is not None and first < lo <= last:
+            last = max(last, hi)
+        if lo is not None and lo <= first <= hi < last:
+            first = lo
+        out[name] = (first, last)
+    return out
+
+
+def place_buffers(buffers: dict[str, SmemBuffer], spans: dict, align: int) -> dict[str, int]:
+    """First fit, largest buffers first: each buffer goes to the lowest aligned offset that no buffer with an
+    overlapping lifetime occupies."""
+    placed: dict[str, int] = {}
+    order = sorted(buffers.values(), key=lambda b: (-b.nbytes, spans[b.name], b.name))
+    for buf in order:
+        first, last = spans[buf.name]
+        busy = sorted((placed[o], placed[o] + buffers[o].nbytes) for o in placed
+                      if spans[o][0] <= last and first <= spans[o][1])
+        offset = 0
+        for start, end in busy:
+            if offset + buf.nbytes <= start:
+                break
+            offset = max(offset, _align(end, align))
+        placed[buf.name] = offset
+    return placed
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def plan_ir_smem(ir: KernelIR, arch: ArchSpec) -> SmemPlan:
+    spans = lifetimes(ir)
+    offsets = place_buffers(ir.buffers, spans, arch.smem_align)
+    allocs = tuple(SmemAlloc(b.name, offsets[b.name], b.nbytes, b.role, b.what, *spans[b.name], b.layout,
+                             b.stages, b.ldmatrix) for b in sorted(ir.buffers.values(), key=lambda b: offsets[b.name]))
+    total = max((a.end for a in allocs), default=0)
+    total = _align(total, 16) if total else 0
+    if total > arch.smem_limit:
+        listing = "; ".join(f"{a.name} {a.what}: {a.nbytes} B" for a in sorted(allocs, key=lambda a: -a.nbytes))
+        raise ResourceError(f"block graph {ir.graph!r} needs {total} bytes of shared memory; {arch.name} allows "
+                            f"{arch.smem_limit} per block ({listing})",
+                            hint="use smaller tiles: a larger grid or forloop splits each tile")
+    return SmemPlan(arch.name, total, arch.smem_limit, allocs)
+
+
+def plan_shared_memory(block_graph: BlockGraph, arch: str = "sm_80") -> SmemPlan:
+    """The shared-memory plan of ``block_graph`` (contiguous inputs); ResourceError if it does not fit ``arch``."""
+    spec = get_arch(arch)
+    return lower_and_plan(block_graph, spec, "kernel", default_views(block_graph))[1]
+
+
+def lower_and_plan(bg: BlockGraph, arch: ArchSpec, name: str, views) -> tuple[KernelIR, SmemPlan]:
+    """The deepest cp.async pipeline (up to the arch's stages) within the arch's budget, else two stages."""
+    for stages in range(arch.max_stages, 2, -1):
+        if bg.forloop < stages or not any(n.arg.fmap is not None for n in bg.inputs):
+            continue
+        ir = lower_block_graph(bg, arch, name, views, stages)
+        try:
+            plan = plan_ir_smem(ir, arch)
+        except ResourceError:
+            continue
+        if plan.total_bytes <= arch.stage_budget:
+            return ir, plan
+    ir = lower_block_graph(bg, arch, name, views, 2)
+    return ir, plan_ir_smem(ir, arch)
+
+
+def default_views(bg: BlockGraph) -> tuple[list[InputView], list[OutputView]]:
+    inputs = [InputView(f"in{i}", n.arg.dtype, row_major(n.arg.shape)) for i, n in enumerate(bg.inputs)]
+    outputs = [OutputView(f"out{i}") for i in range(len(bg.outputs))]
+    return inputs, outputs
+
+
+def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: int = 2) -> KernelIR:
+    inputs, outputs = views
+    if bg.threads > arch.max_threads:
+        raise ResourceError(f"block graph {bg!r} uses {bg.threads} threads; {arch.name} allows {arch.max_threads}")
+    params, seen = [], set()
+    for v in inputs:
+        if v.param not in seen:
+            seen.add(v.param)
+            params.append((v.param, v.dtype, True))
+    for v, out in zip(outputs, bg.outputs):
+        params.append((v.param, out.dtype, False))
+    return Lowering(bg, name, arch, inputs, outputs, params, stages).run()
+
+
+def row_major(shape) -> tuple:
+    strides, s = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(s)
+        s *= d
+    return tuple(reversed(strides))
+
+
+# ---- the kernel graph ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CustomKernel:
+    """A custom op to generate: its block graph, the buffers it reads (through strides) and writes."""
+
+    name: str
+    graph: BlockGraph
+    inputs: tuple   # InputView per block input (param = buffer name)
+    outputs: tuple  # buffer name per block output
+
+
+def view_of(node: KNode) -> tuple[KNode, tuple]:
+    """The materialised tensor a layout-op chain reads, and the element strides that read ``node`` from it."""
+    if node.op is KOp.TRANSPOSE:
+        root, strides = view_of(node.srcs[0])
+        return root, tuple(strides[p] for p in node.arg)
+    if node.op is KOp.RESHAPE:
+        root, strides = view_of(node.srcs[0])
+        kept = [s for d, s in zip(node.srcs[0].shape, strides) if d != 1]
+        it = iter(kept)
+        return root, tuple(next(it) if d != 1 else 0 for d in node.arg)
+    if node.op is KOp.BROADCAST:
+        root, strides = view_of(node.srcs[0])
+        return root, tuple(0 if old == 1 and new != 1 else s
+                           for old, new, s in zip(node.srcs[0].shape, node.arg, strides))
+    return node, row_major(node.shape)
+
+
+class GraphPlanner:
+    """Assigns buffers and launches to a kernel graph's nodes, in program order."""
+
+    def __init__(self, graph: KernelGraph, prefix: str = "mg_kernel"):
+        self.graph = graph
+        self.prefix = prefix
+        self.names: dict[KNode, str] = {}
+        self.buffers: list[Buffer] = []
+        self.launches: list[KernelLaunch] = []
+        self.customs: list[CustomKernel] = []
+        self.taken: set[str] = set()
+
+    def run(self) -> tuple[list[CustomKernel], list, list[Buffer]]:
+        g = self.graph
+        for node, name in zip(g.inputs, g.input_names):
+            self._new_buffer(node, name, "input", exact=True)
+        needed = self._materialised()
+        done: dict = {}
+        for node in g.nodes:
+            if node in self.names:
+                continue
+            if node.op is KOp.CUSTOM:
+                key = (node.arg[0], node.srcs)
+                if key not in done:
+                    done[key] = self._custom(node)
+                self.names[node] = done[key][node.arg[1]]
+            elif node.op in KERNEL_LAYOUT and node not in needed:
+                continue
+            elif node.op is KOp.INPUT:
+                raise InvalidGraph(f"input {node.arg[0]!r} is used but not listed among the graph's inputs")
+            else:
+                self._library(node)
+        return self.customs, self.launches, self.buffers
+
+    def outputs(self) -> tuple:
+        return tuple(self.names[o] for o in self.graph.outputs)
+
+    def _materialised(self) -> set:
+        """Layout nodes that a library op or a graph output reads (custom ops read through strides)."""
+        need = set(self.graph.outputs)
+        for node in self.graph.nodes:
+            if node.op is not KOp.CUSTOM and node.op not in KERNEL_LAYOUT:
+                need.update(node.srcs)
+        for node in reversed(self.graph.nodes):  # a materialised layout node reads a materialised source
+            if node in need and node.op in KERNEL_LAYOUT:
+                need.update(node.srcs)
+        return need
+
+    def _role(self, node: KNode) -> str:
+        return "output" if node in self.graph.outputs else "intermediate"
+
+    def _out_name(self, node: KNode) -> str:
+        g = self.graph
+        for out, name in zip(g.outputs, g.output_names):
+            if out is node:
+                return name
+        return f"t{len(self.buffers)}"
+
+    def _new_buffer(self, node, name: str, role: str, *, exact: bool = False, shape=None, dtype=None) -> str:
+        base, k = name, 1
+        while name in self.taken:
+            if exact:
+                raise InvalidGraph(f"two inputs are named {name!r}")
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        self.buffers.append(Buffer(name, tuple(shape or node.shape), dtype or node.dtype, role))
+        if node is not None:
+            self.names[node] = name
+        return name
+
+    def _custom(self, node: KNode) -> list[str]:
+        bg: BlockGraph = node.arg[0]
+        views = []
+        for src in node.srcs:
+            root, strides = view_of(src)
+            views.append(InputView(self.names[root], src.dtype, strides))
+        outs = []
+        for i, spec in enumerate(bg.outputs):
+            twin = KNode(KOp.CUSTOM, node.srcs, (bg, i))
+            outs.append(self._new_buffer(twin, self._out_name(twin), self._role(twin),
+                                         shape=spec.shape, dtype=spec.dtype))
+        name = f"{self.prefix}{len(self.customs)}"
+        self.customs.append(CustomKernel(name, bg, tuple(views), tuple(outs)))
+        params = list(dict.fromkeys(v.param for v in views)) + outs
+        self.launches.append(KernelLaunch(name, "custom", bg.grid, (bg.threads, 1, 1), 0, tuple(params)))
+        return outs
+
+    def _library(self, node: KNode) -> None:
+        args = tuple(self.names[s] for s in node.srcs)
+        out = self._new_buffer(node, self._out_name(node), self._role(node))
+        self.launches.append(KernelLaunch("", "library", (0, 0, 0), (0, 0, 0), 0, args + (out,), node))
+
+
+def param_ctype(dtype: DType, const: bool) -> str:
+    return f"{'const ' if const else ''}{DTYPE_C[dtype].storage}* __restrict__"

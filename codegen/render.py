@@ -1,0 +1,177 @@
+"""The renderer's tables: each op's C snippet, each dtype's storage and conversions, each accumulator's rule.
+
+Everything the generator writes about an op's meaning comes from these tables (keyed by TOp / BOp / DType);
+the lowering only decides where values live and how threads walk them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from mugraph.codegen.fragments import MMA_M16N8K16
+from mugraph.ir.dtypes import DType
+from mugraph.ir.ops import BOp, TOp
+
+# ---- dtypes -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CType:
+    """How a tensor dtype is stored and converted: ``load`` widens a stored value to fp32, ``store`` rounds."""
+
+    storage: str
+    load: str    # format string with {}
+    store: str
+
+
+DTYPE_C: Mapping[DType, CType] = {
+    DType.FLOAT16: CType("mg_half", "mg_h2f({})", "mg_f2h({})"),
+    DType.BFLOAT16: CType("mg_bf16", "mg_b2f({})", "mg_f2b({})"),
+    DType.FLOAT32: CType("float", "{}", "{}"),
+}
+
+# The tensor-core instruction per 16-bit operand dtype (fp32 accumulation).
+MMA_C: Mapping[DType, str] = {d: MMA_M16N8K16.intrinsic(d.short) for d in (DType.FLOAT16, DType.BFLOAT16)}
+
+# ---- elementwise ops ----------------------------------------------------------------------------------------------
+# Templates over fp32 operands {0} (and {1}); {lo}/{hi} are clamp's bounds. Helpers (below) keep operands that
+# appear twice from being evaluated twice.
+ELEMENTWISE_C: Mapping[TOp, str] = {
+    TOp.EXP: "mg_exp({0})",
+    TOp.LOG: "mg_log({0})",
+    TOp.SQUARE: "mg_square({0})",
+    TOp.SQRT: "mg_sqrt({0})",
+    TOp.RSQRT: "mg_rsqrt({0})",
+    TOp.SILU: "mg_silu({0})",
+    TOp.GELU: "mg_gelu({0})",
+    TOp.RELU: "mg_fmax({0}, 0.0f)",
+    TOp.SIGMOID: "mg_sigmoid({0})",
+    TOp.TANH: "mg_tanh({0})",
+    TOp.ERF: "mg_erf({0})",
+    TOp.NEG: "(-{0})",
+    TOp.CLAMP: "mg_fmin(mg_fmax({0}, {lo}), {hi})",
+    TOp.ADD: "({0} + {1})",
+    TOp.SUB: "({0} - {1})",
+    TOp.MUL: "({0} * {1})",
+    TOp.DIV: "({0} / {1})",
+    TOp.POW: "mg_pow({0}, {1})",
+    TOp.MAX: "mg_fmax({0}, {1})",
+    TOp.MIN: "mg_fmin({0}, {1})",
+}
+
+# Device helpers the generated file defines after its include, emitted only when used.
+HELPERS: Mapping[str, str] = {
+    "mg_square": "MG_DEVICE float mg_square(float x) { return x * x; }",
+    "mg_sigmoid": "MG_DEVICE float mg_sigmoid(float x) { return 1.0f / (1.0f + mg_exp(-x)); }",
+    "mg_silu": "MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }",
+    "mg_gelu": "MG_DEVICE float mg_gelu(float x) { return 0.5f * x * (1.0f + mg_erf(x * 0.707106781f)); }",
+    "mg_bf16_lo": "MG_DEVICE mg_bf16 mg_bf16_lo(float x) { return mg_f2b(x - mg_b2f(mg_f2b(x))); }",
+    "mg_pow": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_pow(float x, float y) { return powf(x, y); }\n#else\n"
+               "inline float mg_pow(float x, float y) { return std::pow(x, y); }\n#endif"),
+    "mg_ninf": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }\n"
+                "#else\ninline float mg_ninf() { return -HUGE_VALF; }\n#endif"),
+}
+
+
+# An fp32 operand of a tensor-core product as two bf16 halves: x ~ hi + lo.
+SPLIT_C: Mapping[str, object] = {"hi": "mg_f2b({})".format, "lo": "mg_bf16_lo({})".format}
+
+
+def elementwise(op: TOp, args, arg=None) -> str:
+    """The C expression of ``op`` applied to fp32 expressions ``args``."""
+    extra = {"lo": literal(arg[0]), "hi": literal(arg[1])} if op is TOp.CLAMP else {}
+    return ELEMENTWISE_C[op].format(*args, **extra)
+
+
+def helpers_in(text: str) -> list[str]:
+    """The helper definitions ``text`` calls, in table order."""
+    return [body for name, body in HELPERS.items() if name + "(" in text]
+
+
+# ---- reductions and accumulators ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Combine:
+    """An associative fp32 combine with its identity."""
+
+    identity: str
+    template: str  # {0} op {1}
+
+    def __call__(self, a: str, b: str) -> str:
+        return self.template.format(a, b)
+
+
+SUM = Combine("0.0f", "{0} + {1}")
+MAX = Combine("mg_ninf()", "mg_fmax({0}, {1})")
+
+REDUCE_C: Mapping[BOp, Combine] = {BOp.REDUCE_SUM: SUM, BOp.REDUCE_MAX: MAX}
+
+
+@dataclass(frozen=True)
+class AccRule:
+    """An accumulator: its initial value, how an iteration's value joins it, and its final transform.
+
+    ``last``: the value is first reduced over its last dim; ``square``: it is squared before (acc_rms_last);
+    ``rescale``: the state is multiplied by exp(m_prev - m_cur) of a running max before the join;
+    ``final``: applied once after the loop ({0} the state, {n} the count of summed squares).
+    """
+
+    combine: Combine
+    last: bool = False
+    square: bool = False
+    rescale: bool = False
+    final: str | None = None
+
+
+ACC_C: Mapping[BOp, AccRule] = {
+    BOp.ACC_SUM: AccRule(SUM),
+    BOp.ACC_SUM_LAST: AccRule(SUM, last=True),
+    BOp.ACC_RMS_LAST: AccRule(SUM, last=True, square=True, final="mg_sqrt({0} / {n})"),
+    BOp.ACC_MAX: AccRule(MAX),
+    BOp.ACC_MAX_LAST: AccRule(MAX, last=True),
+    BOp.ACC_SUM_RESCALE: AccRule(SUM, rescale=True),
+    BOp.ACC_SUM_LAST_RESCALE: AccRule(SUM, last=True, rescale=True),
+}
+
+# ---- literals and text ----------------------------------------------------------------------------------------------
+
+
+def literal(value: float) -> str:
+    """An fp32 C literal that round-trips ``value`` rounded to float32 (block constants are fp32)."""
+    v = float(np.float32(value))
+    if v == int(v) and abs(v) < 1e9:
+        return f"{int(v)}.0f" if v >= 0 else f"-{int(-v)}.0f"
+    text = f"{v:.9g}"
+    return f"{text}f"
+
+
+class CodeWriter:
+    """Lines with indentation, for readable generated code."""
+
+    def __init__(self, indent: int = 0):
+        self.lines: list[str] = []
+        self.level = indent
+
+    def __call__(self, *lines: str) -> "CodeWriter":
+        for line in lines:
+            for part in line.split("\n"):
+                self.lines.append(part if part.startswith("#") or not part else "  " * self.level + part)
+        return self
+
+    def open(self, head: str) -> "CodeWriter":
+        self(head + " {" if head else "{")
+        self.level += 1
+        return self
+
+    def close(self, tail: str = "}") -> "CodeWriter":
+        self.level -= 1
+        return self(tail)
+
+    def extend(self, lines) -> "CodeWriter":
+        return self(*lines)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)

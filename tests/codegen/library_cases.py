@@ -1,0 +1,48 @@
+"""One small kernel graph per library op, with its operands and own-dtype result from the reference
+interpreter: the library-op table is checked against these with NumPy here and with CuPy on a GPU."""
+from __future__ import annotations
+
+import numpy as np
+
+from mugraph import ir
+from mugraph.ir import KOp, TOp
+
+
+def _x(shape=(4, 8), dtype="float16", name="x"):
+    return ir.input(name, shape, dtype)
+
+
+def _positive(x):
+    return x.exp()  # keeps log/sqrt/pow operands in their domain: the graphs below take exp(x) as x
+
+
+# One small graph per op; its last node is the op under test, its operands computed by the interpreter.
+CASES = {
+    TOp.EXP: lambda: _x().exp(), TOp.LOG: lambda: _positive(_x()).log(), TOp.SQUARE: lambda: _x().square(),
+    TOp.SQRT: lambda: _positive(_x()).sqrt(), TOp.RSQRT: lambda: _positive(_x()).rsqrt(),
+    TOp.SILU: lambda: _x().silu(), TOp.GELU: lambda: _x().gelu(), TOp.RELU: lambda: _x().relu(),
+    TOp.SIGMOID: lambda: _x().sigmoid(), TOp.TANH: lambda: _x().tanh(), TOp.ERF: lambda: _x().erf(),
+    TOp.NEG: lambda: -_x(), TOp.CLAMP: lambda: _x().clamp(-0.5, 0.25),
+    TOp.ADD: lambda: _x() + _x(name="y"), TOp.SUB: lambda: _x() - _x((1, 8), name="y"),
+    TOp.MUL: lambda: _x() * _x((4, 1), "float32", name="y"), TOp.DIV: lambda: _x() / _x(name="y"),
+    TOp.POW: lambda: _positive(_x()) ** _x(name="y"), TOp.MAX: lambda: _x().maximum(_x(name="y")),
+    TOp.MIN: lambda: _x().minimum(_x(name="y")),
+    KOp.CONSTANT: lambda: ir.constant(0.3, (4, 8), "float16"),
+    KOp.MATMUL: lambda: _x((2, 4, 32)) @ _x((32, 8), name="w"),
+    KOp.REDUCE_SUM: lambda: _x().sum(1), KOp.REDUCE_MAX: lambda: _x((2, 4, 8)).amax(0),
+    KOp.RMS_NORM: lambda: _x((4, 64)).rms_norm(1, 1e-6),
+    KOp.CONCAT: lambda: ir.concat([_x(), _x((4, 3), "float32", name="y")], 1),
+    KOp.TRANSPOSE: lambda: _x((2, 4, 8)).transpose((2, 0, 1)), KOp.RESHAPE: lambda: _x().reshape((4, 1, 8)),
+    KOp.BROADCAST: lambda: _x((4, 1)).broadcast_to((4, 8)),
+}
+
+
+def case_arrays(op, seed: int = 0):
+    """(node, its own-dtype value, its operands' values) for ``CASES[op]`` on random inputs."""
+    node = CASES[op]()
+    assert node.op is op
+    rng = np.random.default_rng(seed)
+    graph = ir.KernelGraph([node, *node.srcs]) if node.srcs else ir.KernelGraph([node])
+    arrays = [rng.standard_normal(i.shape).astype(i.dtype.numpy) for i in graph.inputs]
+    want, *operands = ir.interpret(graph, arrays, dtype="own")
+    return node, want, operands
