@@ -56,6 +56,47 @@ def cmd_verify(args) -> int:
     return 0 if report.equivalent else 1
 
 
+def cmd_regen(args) -> int:
+    from mugraph.codegen.regen import regenerate
+    names = args.workloads.split(",") if args.workloads else None
+    log = print if args.verbose else None
+    files = regenerate(args.root, names, check=args.check, log=log)
+    if args.check:
+        for f in files:
+            print(f"stale: {f}")
+        print(f"{len(files)} stale file(s)" if files else "kernels_generated/ is up to date")
+        return 1 if files else 0
+    print(f"wrote {len(files)} files")
+    return 0
+
+
+def cmd_search(args) -> int:
+    from mugraph.search import SearchConfig, search
+    name, spec, w = _load_program(args.target)
+    config = SearchConfig(budget_seconds=args.budget, target=args.target_gpu, workers=args.workers,
+                          seed=args.seed)
+    if args.small and w is not None:
+        spec = w.small().spec()
+    print(f"== {name}: the spec ==")
+    print(spec)
+    print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}) ==")
+    result = search(spec, config)
+    print(f"\n== the winning μGraph ==")
+    print(result.best)
+    print("\n== report ==")
+    print(result.summary())
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from mugraph.search.bench import main as bench_search
+    if args.what == "search":
+        return bench_search(args.rest)
+    raise MugraphError(f"unknown benchmark {args.what!r}",
+                       hint="mugraph bench search; the others are scripts: python bench/verify.py, "
+                            "python bench/gpu.py, python bench/abstract.py")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mugraph", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +109,24 @@ def main(argv=None) -> int:
     p.add_argument("--small", action="store_true", help="use the reduced shapes")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_verify)
+    p = sub.add_parser("search", help="search for the best verified μGraph of a program")
+    p.add_argument("target", help="a workload name, a graph .json file, or FILE.py:FUNCTION")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds (default 300)")
+    p.add_argument("--target-gpu", default="h100", choices=("a100", "h100", "h200"))
+    p.add_argument("--workers", type=int, default=1, help="processes (default 1: in-process)")
+    p.add_argument("--small", action="store_true", help="a workload at its reduced shapes")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=cmd_search)
+    p = sub.add_parser("regen", help="rewrite kernels_generated/ (graph JSON, CUDA, reports)")
+    p.add_argument("--root", default=None, help="output folder (default: kernels_generated/)")
+    p.add_argument("--workloads", default=None, help="comma-separated subset")
+    p.add_argument("--check", action="store_true", help="only report files that differ")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(run=cmd_regen)
+    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--workloads a,b]`")
+    p.add_argument("what", choices=("search",))
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=cmd_bench)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
