@@ -8,7 +8,6 @@ can run the same schedule over a finite field.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -107,9 +106,10 @@ def _run_kernel_graph(sem, graph: KernelGraph, arrays) -> list[np.ndarray]:
 
 
 # ---- kernel ops ----------------------------------------------------------------------------------
-def _rms_norm(sem, node, x, dtype):
+def _rms_norm(sem, node, x, dtype, lead: int = 0):
     """x * rsqrt(mean(x^2, dim) + eps), computed in fp32 (or float64) and rounded once."""
     dim, eps = node.arg
+    dim += lead
     sq = sem.elementwise(TOp.MUL, [x, x], None, F32)
     mean = sem.elementwise(TOp.DIV, [sem.reduce_sum(sq, dim, F32),
                                      sem.constant(float(x.shape[dim]), (1,), F32)], None, F32)
@@ -136,27 +136,6 @@ KERNEL_EVAL = {
 
 
 # ---- block graphs --------------------------------------------------------------------------------
-def _tile_slices(spec, bid, iteration) -> tuple:
-    """Index of one block's (and iteration's) tile of an input, by its imap and fmap."""
-    tile = spec.tile_shape
-    start = [0] * len(spec.shape)
-    for axis, dim in enumerate(spec.imap):
-        if dim is not None:
-            start[dim] += bid[axis] * (spec.shape[dim] // spec.grid[axis])
-    if spec.fmap is not None:
-        start[spec.fmap] += iteration * tile[spec.fmap]
-    return tuple(slice(s, s + t) for s, t in zip(start, tile))
-
-
-def _out_slices(out, bid) -> tuple:
-    tile = out.node.shape
-    start = [0] * len(tile)
-    for axis, dim in enumerate(out.omap):
-        if dim is not None:
-            start[dim] = bid[axis] * tile[dim]
-    return tuple(slice(s, s + t) for s, t in zip(start, tile))
-
-
 def _block_matmul(sem, n, s):
     return sem.matmul(s[0], s[1], F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
 
@@ -164,9 +143,9 @@ def _block_matmul(sem, n, s):
 BLOCK_EVAL = {
     BOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
     BOp.MATMUL: _block_matmul,
-    BOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, F32),
-    BOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, F32),
-    BOp.RMS_NORM: lambda sem, n, s: _rms_norm(sem, n, s[0], F32),
+    BOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg + LEAD, F32),
+    BOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg + LEAD, F32),
+    BOp.RMS_NORM: lambda sem, n, s: _rms_norm(sem, n, s[0], F32, lead=LEAD),
 } | {op: _elementwise for op in TOp}
 
 
@@ -230,46 +209,83 @@ class _Plan:
         self.running = [n for n in self.accumulators if n.op in (BOp.ACC_MAX, BOp.ACC_MAX_LAST)]
 
 
+LEAD = 3  # block values carry the grid as three leading axes (x, y, z), size 1 where they do not vary
+
+
 def run_block_graph(sem, graph: BlockGraph, inputs: list) -> list[np.ndarray]:
-    """Run every block of `graph` over full kernel tensors `inputs`; return the output tensors."""
+    """Run every block of `graph` over full kernel tensors `inputs`; return the output tensors.
+
+    All blocks run together: a tile value has shape (gx, gy, gz, *tile), with extent 1 on a grid
+    axis the value does not vary along, and each op applies blockwise (tile dims are offset by
+    `LEAD`). Iterations run one after another, as in the loop nest the printer shows.
+    """
     plan = _Plan(graph)
-    outs = [sem.empty(o.shape, o.dtype) for o in graph.outputs]
-    gx, gy, gz = graph.grid
-    for bz, by, bx in itertools.product(range(gz), range(gy), range(gx)):
-        values = _run_block(sem, graph, plan, inputs, (bx, by, bz))
-        for out, array in zip(graph.outputs, outs):
-            array[_out_slices(out, (bx, by, bz))] = sem.cast(values[out.node], out.dtype)
-    return outs
-
-
-def _run_block(sem, graph, plan, inputs, bid) -> dict:
     values: dict[BNode, np.ndarray] = {}
     for node in plan.invariant:
-        values[node] = _eval_block_node(sem, node, values, inputs, bid, None)
+        values[node] = _eval_block_node(sem, node, values, inputs, None)
     state = {n: ACCUMULATE[n.op][0](sem, n) for n in plan.accumulators}
     for it in range(graph.forloop):
         previous = {m: state[m] for m in plan.running}
         for node in plan.loop:
             if node in state:
-                init, update, _ = ACCUMULATE[node.op]
+                update = ACCUMULATE[node.op][1]
                 m = node.srcs[1] if len(node.srcs) > 1 else None
                 state[node] = update(sem, node, state[node], values[node.srcs[0]],
                                      previous.get(m), state.get(m))
                 values[node] = state[node]
             else:
-                values[node] = _eval_block_node(sem, node, values, inputs, bid, it)
+                values[node] = _eval_block_node(sem, node, values, inputs, it)
     for node in plan.accumulators:
         final = ACCUMULATE[node.op][2]
         values[node] = final(sem, node, state[node], graph.forloop) if final else state[node]
     for node in plan.epilogue:
-        values[node] = _eval_block_node(sem, node, values, inputs, bid, None)
-    return values
+        values[node] = _eval_block_node(sem, node, values, inputs, None)
+    return [_assemble(sem.cast(values[o.node], o.dtype), o, graph.grid) for o in graph.outputs]
 
 
-def _eval_block_node(sem, node, values, inputs, bid, iteration):
+def _block_tiles(array, spec, iteration: int):
+    """Every block's tile of one input at one iteration: shape (gx|1, gy|1, gz|1, *tile).
+
+    A dim split by grid axis g becomes (grid[g], dim / grid[g]); the loop then takes its
+    iteration's slice of the per-block part; the grid parts move to the front.
+    """
+    split_shape, grid_pos, dim_pos = [], {}, []
+    for d, n in enumerate(spec.shape):
+        axes = [g for g in range(3) if spec.imap[g] == d]
+        if axes:
+            grid_pos[axes[0]] = len(split_shape)
+            split_shape += [spec.grid[axes[0]], n // spec.grid[axes[0]]]
+        else:
+            split_shape.append(n)
+        dim_pos.append(len(split_shape) - 1)
+    a = np.reshape(array, split_shape)
+    if spec.fmap is not None:
+        t = spec.tile_shape[spec.fmap]
+        index = [slice(None)] * a.ndim
+        index[dim_pos[spec.fmap]] = slice(iteration * t, (iteration + 1) * t)
+        a = a[tuple(index)]
+    lead = [grid_pos[g] for g in range(3) if g in grid_pos]
+    a = np.transpose(a, lead + dim_pos)
+    shape = [spec.grid[g] if g in grid_pos else 1 for g in range(3)] + list(spec.tile_shape)
+    return np.reshape(a, shape)
+
+
+def _assemble(value, out, grid) -> np.ndarray:
+    """The output tensor from every block's tile, each written where its omap says.
+
+    Grid axes not in the omap have extent 1 (the checker guarantees it), so they vanish.
+    """
+    tile = out.node.shape
+    value = np.broadcast_to(value, tuple(grid) + tuple(tile))
+    order = [g for g in range(3) if out.omap[g] is None]
+    for d in range(len(tile)):
+        order += [g for g in range(3) if out.omap[g] == d] + [LEAD + d]
+    return np.ascontiguousarray(np.reshape(np.transpose(value, order), out.shape))
+
+
+def _eval_block_node(sem, node, values, inputs, iteration):
     if node.op is BOp.INPUT:
-        spec = node.arg
-        return inputs[spec.index][_tile_slices(spec, bid, iteration or 0)]
+        return _block_tiles(inputs[node.arg.index], node.arg, iteration or 0)
     rule = BLOCK_EVAL.get(node.op)
     if rule is None:
         raise InvalidGraph(f"no interpreter rule for block op {node.op.value}")

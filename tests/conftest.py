@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# BLAS thread pools on a 2-core machine running two test workers make small matmuls 10-100x
+# slower; the interpreter's tiles are small. Set before NumPy loads OpenBLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 from tests.golden import check_golden

@@ -106,12 +106,16 @@ def test_imap_and_fmap_slice_a_3d_tensor():
     np.testing.assert_array_equal(ir.interpret(ir.KernelGraph([first]), [data])[0], expected)
 
 
-def test_tile_slices_of_one_block_and_iteration():
-    from mugraph.ir.interpret import _tile_slices
+def test_block_tiles_of_every_block_at_one_iteration():
+    from mugraph.ir.interpret import _block_tiles
     x = ir.input("X", (2, 4, 6), "float32")
     spec = ir.BlockBuilder(grid=(2, 2, 1), forloop=2).input(x, imap=(2, 0), fmap=1).arg
-    assert _tile_slices(spec, (1, 0, 0), 1) == (slice(0, 1), slice(2, 4), slice(3, 6))
-    assert _tile_slices(spec, (0, 1, 0), 0) == (slice(1, 2), slice(0, 2), slice(0, 3))
+    data = np.arange(48.0).reshape(2, 4, 6)
+    tiles = _block_tiles(data, spec, 1)
+    assert tiles.shape == (2, 2, 1, 1, 2, 3)          # (gx, gy, gz) then the tile
+    np.testing.assert_array_equal(tiles[1, 0, 0], data[0:1, 2:4, 3:6])   # block (1, 0, 0)
+    np.testing.assert_array_equal(tiles[0, 1, 0], data[1:2, 2:4, 0:3])   # block (0, 1, 0)
+    np.testing.assert_array_equal(_block_tiles(data, spec, 0)[0, 1, 0], data[1:2, 0:2, 0:3])
 
 
 def test_imap_and_fmap_on_the_same_dim():
