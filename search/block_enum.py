@@ -1,0 +1,384 @@
+"""Depth-first enumeration of one block graph's body, op by op, under a fixed skeleton.
+
+Every new tile must pass cheap checks first (shape, labels, phase rules, canonical order), then
+the abstract-expression check: its expression must be a sub-expression of a spec output. The
+block closes when every dangling value is an accumulator or comes after one; each way of
+writing those values out (omaps) yields one closed block graph.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+
+from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, Phase
+from mugraph.ir.errors import InvalidGraph
+from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, LAST_DIM_ACCUMULATORS,
+                            RESCALE_ACCUMULATORS, RUNNING_ACCUMULATORS, TOp, UNARY)
+from mugraph.search.context import ACC_ORDER, Reject
+from mugraph.search.labels import UNIT, UNIT_DIM, DimLabel, Label, node_labels
+from mugraph.search.schedules import input_maps, tile_labels
+
+_OP_RANK = {op: i for i, op in enumerate(list(BOp) + list(TOp))}
+
+
+@dataclass(frozen=True)
+class ClosedBlock:
+    """A finished block graph and, per output, what the search knows of the tensor it writes."""
+
+    graph: BlockGraph
+    exprs: tuple
+    labels: tuple          # per output: tuple[DimLabel, ...] of the kernel tensor
+
+
+def _reduces_spec_labels(analysis, op, label_srcs, arg) -> bool:
+    """A reduction (sum, max, rms) is only over a dim whose index the spec reduces too: the
+    abstract expressions do not name dims, so without this a sum over rows would pass for a
+    sum over columns of the same extent."""
+    labels = label_srcs[0][0]
+    if op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
+        dim = arg
+    elif op is BOp.RMS_NORM:
+        dim = arg[0]
+    elif op in LAST_DIM_ACCUMULATORS:
+        dim = len(labels) - 1
+    else:
+        return True
+    return labels[dim] is UNIT_DIM or analysis.may_reduce(labels[dim])
+
+
+class _State:
+    """The body built so far: nodes in creation order with their facts; mutated by push/pop."""
+
+    def __init__(self, inputs, exprs, labels, phases):
+        self.nodes = list(inputs)
+        self.pos = {n: i for i, n in enumerate(inputs)}
+        self.exprs = dict(exprs)
+        self.labels = dict(labels)
+        self.phase = dict(phases)
+        self.uses = Counter()
+        self.keys = [(-1,)]
+        self.n_inputs = len(inputs)
+
+    def push(self, node, expr, labels, phase, key):
+        self.pos[node] = len(self.nodes)
+        self.nodes.append(node)
+        self.exprs[node], self.labels[node], self.phase[node] = expr, labels, phase
+        for s in set(node.srcs):
+            self.uses[s] += 1
+        self.keys.append(key)
+
+    def pop(self):
+        node = self.nodes.pop()
+        del self.pos[node]
+        for s in set(node.srcs):
+            self.uses[s] -= 1
+        self.keys.pop()
+
+    @property
+    def body_ops(self) -> int:
+        return len(self.nodes) - self.n_inputs
+
+    def sinks(self):
+        return [n for n in self.nodes[self.n_inputs:] if self.uses[n] == 0]
+
+
+def _phase_of(op, srcs, phase) -> Phase | None:
+    """The phase of a new node, or None when the IR's phase rules forbid it."""
+    src_phases = [phase[s] for s in srcs]
+    if op in ACCUMULATORS:
+        if src_phases[0] not in (Phase.LOOP, Phase.INVARIANT):
+            return None
+        if op in RESCALE_ACCUMULATORS and srcs[1].op not in RUNNING_ACCUMULATORS:
+            return None
+        return Phase.ACCUMULATOR
+    if Phase.LOOP in src_phases:
+        for s, p in zip(srcs, src_phases):
+            if p is Phase.EPILOGUE or (p is Phase.ACCUMULATOR and s.op not in RUNNING_ACCUMULATORS):
+                return None
+        return Phase.LOOP
+    if Phase.ACCUMULATOR in src_phases or Phase.EPILOGUE in src_phases:
+        return Phase.EPILOGUE
+    return Phase.INVARIANT
+
+
+_PHASE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 1, Phase.EPILOGUE: 2}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the block must produce: at most `max_outputs` values, or, for the last kernel of a
+    candidate, exactly the spec outputs still missing (`targets`: (expression, shape) pairs)."""
+
+    max_outputs: int
+    targets: tuple = ()
+
+    @property
+    def final(self) -> bool:
+        return bool(self.targets)
+
+
+class BlockEnumerator:
+    """Enumerates the bodies of one custom op: fixed input tensors, skeleton and reduced sizes.
+
+    Canonical order: every new op's key (phase rank, newest source, sources, op, arg) exceeds
+    the previous op's, so each DAG is built once, invariant ops first and epilogue ops last.
+    """
+
+    def __init__(self, ctx, tensors, skeleton, sizes, goal: Goal):
+        self.ctx = ctx
+        self.tensors = tensors
+        self.skeleton = skeleton
+        self.sizes = sizes
+        self.goal = goal
+        self.forloop = sizes.forloop
+        self._memo: dict = {}
+        inputs, exprs, labels, phases = [], {}, {}, {}
+        for i, t in enumerate(tensors):
+            imap, fmap = input_maps(t.labels, skeleton)
+            spec = BlockInput(i, t.node.shape, t.node.dtype, imap, fmap, sizes.grid, sizes.forloop)
+            node = BNode(BOp.INPUT, (), spec)
+            inputs.append(node)
+            exprs[node] = t.expr
+            labels[node] = tile_labels(t.labels, imap, fmap, sizes, skeleton)
+            phases[node] = Phase.INVARIANT if fmap is None else Phase.LOOP
+        self.state = _State(inputs, exprs, labels, phases)
+        self.constants = [BNode(BOp.CONSTANT, (), (v, (1,), DType.FLOAT32))
+                          for v in sorted({v for v, _ in ctx.ops.constants})]
+        for c in self.constants:
+            self.state.exprs[c] = ctx.pruner.constant(c.arg[0])
+            self.state.labels[c] = None
+            self.state.phase[c] = Phase.INVARIANT
+            self.state.pos[c] = -1
+
+    # ---- the walk --------------------------------------------------------------------------------
+    def run(self):
+        """Yield every ClosedBlock reachable within the op limit (depth-first)."""
+        yield from self._walk()
+
+    def _walk(self):
+        ctx, st = self.ctx, self.state
+        ctx.counters.states += 1
+        ctx.budget.check(ctx.counters)
+        yield from self._close()
+        if st.body_ops >= ctx.config.max_block_ops or not self._can_finish():
+            return
+        children = [a for a in (self._admit(*c) for c in self._candidates()) if a is not None]
+        children.sort(key=self._promise)
+        for admitted in children:
+            st.push(*admitted)
+            yield from self._walk()
+            st.pop()
+
+    def _promise(self, admitted) -> tuple:
+        """Children that build more of the target first (a larger expression), then in order."""
+        return (-self.ctx.pruner.size(admitted[1]), admitted[4])
+
+    def _can_finish(self) -> bool:
+        """Can the ops left still turn this body into at most `max_outputs` written values?
+
+        Each op merges at most two dangling values into one; values still in the loop need an
+        accumulator, which must come before any epilogue op.
+        """
+        st = self.state
+        left = self.ctx.config.max_block_ops - st.body_ops
+        sinks = st.sinks()
+        unused = [n for n in st.nodes[:st.n_inputs] if st.uses[n] == 0]
+        # loop values must be accumulated before the epilogue; invariant ones may be read after
+        pending = any(st.phase[n] is Phase.LOOP for n in sinks + unused)
+        if pending and st.keys[-1][0] == _PHASE_RANK[Phase.EPILOGUE]:
+            return False
+        pending = pending or any(st.phase[n] is Phase.INVARIANT for n in sinks)
+        outputs = len(self.goal.targets) if self.goal.final else self.goal.max_outputs
+        return max(0, len(sinks) + len(unused) - outputs) + (1 if pending else 0) <= left
+
+    # ---- candidate ops ---------------------------------------------------------------------------
+    def _candidates(self):
+        """(op, sources, arg) of every op that could come next; _admit checks them."""
+        st, ops = self.state, self.ctx.ops.block
+        values = list(st.nodes)
+        for op in ops:
+            if op in UNARY:
+                if op is not TOp.CLAMP:
+                    for a in values:
+                        yield op, (a,), None
+            elif op in BINARY:
+                operands = values + self.constants
+                for a, b in itertools.product(operands, operands):
+                    if a.op is BOp.CONSTANT and b.op is BOp.CONSTANT:
+                        continue
+                    if op in COMMUTATIVE and st.pos[a] > st.pos[b]:
+                        continue
+                    yield op, (a, b), None
+            elif op is BOp.MATMUL:
+                for a, b in itertools.product(values, values):
+                    yield op, (a, b), None
+            elif op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
+                for a in values:
+                    for d, n in enumerate(a.shape):
+                        if n > 1:
+                            yield op, (a,), d
+            elif op is BOp.RMS_NORM:
+                for a in values:
+                    for d, n in enumerate(a.shape):
+                        for eps in self.ctx.ops.rms_args:
+                            if n > 1:
+                                yield op, (a,), (d, eps)
+            elif op in RESCALE_ACCUMULATORS:
+                runs = [m for m in values if m.op in RUNNING_ACCUMULATORS]
+                for a, m in itertools.product(values, runs):
+                    yield op, (a, m), None
+            elif op in ACCUMULATORS:
+                for a in values:
+                    yield op, (a,), None
+
+    def _admit(self, op, srcs, arg):
+        """Order check, then the node's facts (memoised: they depend only on its sources)."""
+        st = self.state
+        facts = self._memo.get((op, srcs, arg), ...)
+        if facts is ...:
+            facts = self._memo[(op, srcs, arg)] = self._facts(op, srcs, arg)
+        if facts is None:
+            return None
+        node, expr, labels, phase = facts
+        idx = tuple(st.pos[s] for s in srcs)
+        key = (_PHASE_RANK[phase], max(idx), idx, _OP_RANK[op], repr(arg))
+        if key <= st.keys[-1] or node in st.pos:
+            return None
+        return node, expr, labels, phase, key
+
+    def _facts(self, op, srcs, arg):
+        """Build one candidate node and run the cheap checks, then the expression check."""
+        st, ctx = self.state, self.ctx
+        phase = _phase_of(op, srcs, st.phase)
+        if phase is None or not self._loop_shape_ok(op, srcs, phase):
+            ctx.counters.pruned[Reject.PHASE.value] += 1
+            return None
+        if self._scaled_before_linear(op, srcs):
+            ctx.counters.pruned[Reject.CANONICAL.value] += 1
+            return None
+        try:
+            node = BNode(op, srcs, arg)
+        except InvalidGraph:
+            ctx.counters.pruned[Reject.SHAPE.value] += 1
+            return None
+        label_srcs = [(st.labels[s] if st.labels[s] is not None else (UNIT_DIM,) * s.rank, s.shape)
+                      for s in srcs]
+        labels = node_labels(op, label_srcs, node.shape, arg)
+        if labels is None or not _reduces_spec_labels(ctx.analysis, op, label_srcs, arg):
+            ctx.counters.pruned[Reject.LABEL.value] += 1
+            return None
+        expr = ctx.pruner.block_expr(node, [st.exprs[s] for s in srcs], self.forloop)
+        if expr is None or not ctx.pruner.useful(expr):
+            ctx.counters.pruned[Reject.EXPRESSION.value] += 1
+            return None
+        if ctx.pruner.is_constant(expr):
+            ctx.counters.pruned[Reject.CONSTANT.value] += 1
+            return None
+        return node, expr, labels, phase
+
+    def _loop_shape_ok(self, op, srcs, phase) -> bool:
+        """With a loop, accumulate loop values (summing an invariant F times is a multiply);
+        without one, an accumulator is the identity: only a plain one, writing the result."""
+        if self.forloop > 1:
+            return not (phase is Phase.ACCUMULATOR and self.state.phase[srcs[0]] is Phase.INVARIANT)
+        return phase is not Phase.EPILOGUE and (phase is not Phase.ACCUMULATOR or op is BOp.ACC_SUM)
+
+    def _scaled_before_linear(self, op, srcs) -> bool:
+        """Canonical form for linear ops: scale after summing, never before.
+
+        sum(c * x) = c * sum(x) and (c * a) @ b = c * (a @ b) for a loop-invariant c; both
+        forms pass the expression check, so only the cheaper one (fewer multiplies) is built.
+        """
+        if op not in (BOp.ACC_SUM, BOp.ACC_SUM_LAST, BOp.MATMUL):
+            return False
+        for s in (srcs if op is BOp.MATMUL else srcs[:1]):
+            if s.op in (TOp.MUL, TOp.DIV) and self.state.phase[s.srcs[1]] is Phase.INVARIANT \
+                    and self.state.phase[s.srcs[0]] is not Phase.INVARIANT:
+                return True
+            if s.op is TOp.MUL and self.state.phase[s.srcs[0]] is Phase.INVARIANT \
+                    and self.state.phase[s.srcs[1]] is not Phase.INVARIANT:
+                return True
+        return False
+
+    # ---- closing the block -----------------------------------------------------------------------
+    def _close(self):
+        st = self.state
+        if st.body_ops == 0 or any(st.uses[n] == 0 for n in st.nodes[:st.n_inputs]):
+            return
+        sinks = st.sinks()
+        if len(sinks) > self.goal.max_outputs:
+            return
+        if any(st.phase[n] not in (Phase.ACCUMULATOR, Phase.EPILOGUE) for n in sinks):
+            return
+        if self.goal.final and not self._meets_targets(sinks):
+            return
+        per_output = [self._omaps(n) for n in sinks]
+        for choice in itertools.product(*per_output):
+            closed = self._build(sinks, choice)
+            if closed is not None:
+                yield closed
+
+    def _meets_targets(self, sinks) -> bool:
+        """In a candidate's last kernel, the outputs are exactly the spec outputs still missing."""
+        if len(sinks) != len(self.goal.targets):
+            return False
+        same = self.ctx.pruner.same
+        left = list(self.goal.targets)
+        for n in sinks:
+            hit = next((t for t in left if same(self.state.exprs[n], t[0])), None)
+            if hit is None:
+                return False
+            left.remove(hit)
+        return True
+
+    def _omaps(self, node) -> list[tuple]:
+        """Ways to write one output: each grid axis to the tile dim with its label, or, for a
+        split of a label the tile no longer has (split-K), to a dim to concatenate along."""
+        labels = self.state.labels[node]
+        options = []
+        for lab in self.skeleton.grid:
+            same = [d for d, dl in enumerate(labels) if dl is not UNIT_DIM and dl.outer is lab]
+            options.append(same if same else list(range(len(labels))))
+        result = []
+        for omap in itertools.product(*options):
+            if len(set(omap)) == len(omap):
+                result.append(tuple(omap) + (None,) * (3 - len(omap)))
+        return result
+
+    def _build(self, sinks, omaps) -> ClosedBlock | None:
+        st, sk, sizes = self.state, self.skeleton, self.sizes
+        outputs, out_labels = [], []
+        for node, omap in zip(sinks, omaps):
+            dtype = self._out_dtype(node)
+            try:
+                shape = list(node.shape)
+                labels = list(st.labels[node])
+                for axis, dim in enumerate(omap):
+                    if dim is None:
+                        continue
+                    shape[dim] *= sizes.grid[axis]
+                    labels[dim] = self._concat_label(labels[dim], sk.grid[axis], sizes)
+                outputs.append(BlockOutput(node, omap, dtype, tuple(shape)))
+                out_labels.append(tuple(labels))
+            except InvalidGraph:
+                return None
+        try:
+            graph = BlockGraph(sizes.grid, 128, sizes.forloop, tuple(st.nodes[:st.n_inputs]),
+                               tuple(outputs))
+        except InvalidGraph:
+            self.ctx.counters.pruned[Reject.SHAPE.value] += 1
+            return None
+        self.ctx.counters.block_graphs += 1
+        return ClosedBlock(graph, tuple(st.exprs[n] for n in sinks), tuple(out_labels))
+
+    def _out_dtype(self, node) -> DType:
+        low = [t.node.dtype for t in self.tensors if t.node.dtype.is_16bit]
+        return low[0] if low else DType.FLOAT32
+
+    def _concat_label(self, tile: DimLabel, lab: Label, sizes) -> DimLabel:
+        """The label of an output dim that blocks along a grid axis write side by side."""
+        if tile is not UNIT_DIM and tile.outer is lab:
+            return DimLabel((lab,) + tile.factors[1:])
+        split = self.ctx.split_label(lab, sizes.grid[self.skeleton.grid.index(lab)])
+        return DimLabel((split,)) if tile is UNIT_DIM else DimLabel((split,) + tile.factors)

@@ -1,0 +1,80 @@
+"""The search's configuration: a frozen, JSON-serialisable record of op sets, limits and budget."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+
+from mugraph.ir.errors import SearchError
+from mugraph.ir.ops import BOp, KOp, TOp
+
+TARGETS = ("a100", "h100", "h200")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """What the search may build and how long it may look.
+
+    Op sets are names (as in the JSON schema); empty means "every op the spec uses" (plus the
+    accumulators its reductions need). Limits bound the μGraphs enumerated; the budget stops
+    the search with a stop reason: exhausted, time or states.
+    """
+
+    kernel_ops: tuple[str, ...] = ()
+    block_ops: tuple[str, ...] = ()
+    max_kernel_ops: int = 3          # kernel-level ops per candidate (custom ops included)
+    max_custom_ops: int = 3          # graph-defined kernels per candidate
+    max_block_ops: int = 9           # ops in one block graph, inputs and constants excluded
+    max_block_inputs: int = 4
+    max_block_outputs: int = 3
+    max_candidates: int = 64         # verified structures kept for sizing and ranking
+    budget_seconds: float = 300.0
+    budget_states: int = 2_000_000
+    target: str = "h100"
+    seed: int = 0
+    workers: int = 1                 # 1: in-process; >1: local process pool
+    verify_tests: int = 2            # finite-field tests per structure at reduced shapes
+    reduced_extent: int = 128        # labels longer than this are shrunk to it for the structure search
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                               or value < 0):
+                raise SearchError(f"SearchConfig.{f.name}={value!r} must be a non-negative number")
+        if self.target not in TARGETS:
+            raise SearchError(f"unknown target {self.target!r}", hint=f"one of {', '.join(TARGETS)}")
+        for name in self.kernel_ops:
+            if not _known(name, (KOp, TOp)):
+                raise SearchError(f"unknown kernel op {name!r} in SearchConfig.kernel_ops")
+        for name in self.block_ops:
+            if not _known(name, (BOp, TOp)):
+                raise SearchError(f"unknown block op {name!r} in SearchConfig.block_ops")
+        object.__setattr__(self, "kernel_ops", tuple(self.kernel_ops))
+        object.__setattr__(self, "block_ops", tuple(self.block_ops))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SearchConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SearchError(f"SearchConfig JSON is malformed: {e}") from None
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise SearchError(f"unknown SearchConfig fields {sorted(unknown)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def replace(self, **changes) -> "SearchConfig":
+        return SearchConfig(**(asdict(self) | changes))
+
+
+def _known(name: str, enums) -> bool:
+    for enum in enums:
+        try:
+            enum(name)
+            return True
+        except ValueError:
+            continue
+    return False

@@ -1,0 +1,246 @@
+"""Dim labels: which dims of a program's tensors are "the same index" (einsum-style).
+
+Every dim of every tensor gets a label by unification through the ops: matmul ties the
+contracted dims, elementwise ops tie dims of equal extent, reductions turn a dim into a unit.
+A label that reaches a spec output is *parallel*; the others are *reductions*. Schedules are
+derived from labels: a grid axis splits one label in every tensor that has it, the loop walks
+one label. Dims of tensors written by a split-K/split-KV kernel carry *composite* labels: the
+grid's split (outer) times the tile's own label (inner).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mugraph.ir import KernelGraph, KNode
+from mugraph.ir.ops import BINARY, KOp, TOp, UNARY
+
+
+@dataclass(frozen=True)
+class Label:
+    """An index of the program. `uid` is stable within one analysis; `extent` its size."""
+
+    uid: int
+    extent: int
+    name: str = ""
+
+    def __repr__(self) -> str:
+        return self.name or f"L{self.uid}"
+
+
+UNIT = Label(-1, 1, "1")
+
+
+@dataclass(frozen=True)
+class DimLabel:
+    """A dim's labels, outer to inner: one factor for plain dims, two for concatenated partials."""
+
+    factors: tuple[Label, ...]
+
+    @property
+    def outer(self) -> Label:
+        return self.factors[0]
+
+    @property
+    def extent(self) -> int:
+        n = 1
+        for f in self.factors:
+            n *= f.extent
+        return n
+
+    def __repr__(self) -> str:
+        return "x".join(map(repr, self.factors))
+
+
+UNIT_DIM = DimLabel((UNIT,))
+
+
+class _UnionFind:
+    """Union-find over hashable keys; the earliest-seen key of a class is its root (determinism)."""
+
+    def __init__(self):
+        self.parent: dict = {}
+        self.rank: dict = {}
+
+    def find(self, x):
+        if x not in self.parent:
+            self.parent[x] = x
+            self.rank[x] = len(self.rank)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            first, second = (ra, rb) if self.rank[ra] < self.rank[rb] else (rb, ra)
+            self.parent[second] = first
+
+
+def _unify_elementwise(uf, node: KNode) -> None:
+    out = node.shape
+    for src in node.srcs:
+        for i in range(1, len(src.shape) + 1):
+            if src.shape[-i] == out[-i] and out[-i] > 1:
+                uf.union((node, len(out) - i), (src, len(src.shape) - i))
+
+
+def _unify_matmul(uf, node: KNode) -> None:
+    a, b = node.srcs
+    uf.union((a, a.rank - 1), (b, b.rank - 2))
+    uf.union((node, node.rank - 2), (a, a.rank - 2))
+    uf.union((node, node.rank - 1), (b, b.rank - 1))
+    for src in (a, b):
+        for i in range(3, src.rank + 1):
+            if src.shape[-i] > 1:
+                uf.union((node, node.rank - i), (src, src.rank - i))
+
+
+def _unify_same(uf, node: KNode, skip=()) -> None:
+    src = node.srcs[0]
+    for d in range(node.rank):
+        if d not in skip and node.shape[d] > 1:
+            uf.union((node, d), (src, d))
+
+
+def _unify(uf, node: KNode) -> None:
+    op = node.op
+    if op in UNARY or op in BINARY:
+        _unify_elementwise(uf, node)
+    elif op is KOp.MATMUL:
+        _unify_matmul(uf, node)
+    elif op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX):
+        _unify_same(uf, node, skip=(node.arg,))
+    elif op in (KOp.RMS_NORM, KOp.BROADCAST):
+        _unify_same(uf, node)
+    elif op is KOp.TRANSPOSE:
+        for d, p in enumerate(node.arg):
+            uf.union((node, d), (node.srcs[0], p))
+    elif op is KOp.RESHAPE:
+        src_dims = [d for d, n in enumerate(node.srcs[0].shape) if n > 1]
+        dst_dims = [d for d, n in enumerate(node.shape) if n > 1]
+        for s, t in zip(src_dims, dst_dims):
+            uf.union((node, t), (node.srcs[0], s))
+    elif op is KOp.CONCAT:
+        for src in node.srcs:
+            for d in range(node.rank):
+                if d != node.arg and node.shape[d] > 1:
+                    uf.union((node, d), (src, d))
+
+
+@dataclass
+class LabelAnalysis:
+    """Labels of every dim of every node of a graph, and which labels are parallel."""
+
+    dims: dict          # KNode -> tuple[DimLabel, ...]
+    parallel: frozenset  # labels that appear in an output dim
+    labels: tuple       # every non-unit label, by uid
+    reduced: frozenset = frozenset()  # labels the program sums or maxes over somewhere
+
+    def of(self, node: KNode) -> tuple[DimLabel, ...]:
+        return self.dims[node]
+
+    def is_reduction(self, label: Label) -> bool:
+        return label is not UNIT and label not in self.parallel
+
+    def may_reduce(self, dim: DimLabel) -> bool:
+        """Whether an equivalent program may reduce over a dim with these labels: only over
+        indices the spec itself reduces (split partials, uid < 0, are the search's own)."""
+        return all(f.uid < 0 or f in self.reduced for f in dim.factors)
+
+
+def analyze(graph: KernelGraph) -> LabelAnalysis:
+    uf = _UnionFind()
+    nodes = graph.nodes
+    for node in nodes:
+        for d in range(node.rank):
+            uf.find((node, d))
+        _unify(uf, node)
+    roots: dict = {}
+    dims = {}
+    for node in nodes:
+        labels = []
+        for d, n in enumerate(node.shape):
+            if n == 1:
+                labels.append(UNIT_DIM)
+                continue
+            root = uf.find((node, d))
+            if root not in roots:
+                roots[root] = Label(len(roots), n, _name(node, d, len(roots)))
+            labels.append(DimLabel((roots[root],)))
+        dims[node] = tuple(labels)
+    parallel = frozenset(dl.outer for o in graph.outputs for dl in dims[o] if dl is not UNIT_DIM)
+    reduced = set()
+    for node in nodes:
+        if node.op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX):
+            dim = node.arg
+        elif node.op is KOp.RMS_NORM:
+            dim = node.arg[0]
+        elif node.op is KOp.MATMUL:
+            dim = node.srcs[0].rank - 1
+        else:
+            continue
+        src = dims[node.srcs[0]][dim] if node.op is not KOp.MATMUL else dims[node.srcs[0]][-1]
+        reduced.update(f for f in src.factors if f is not UNIT)
+    return LabelAnalysis(dims, parallel, tuple(roots.values()), frozenset(reduced))
+
+
+def _name(node: KNode, dim: int, uid: int) -> str:
+    if node.op is KOp.INPUT:
+        return f"{node.arg[0]}.{dim}"
+    return f"L{uid}"
+
+
+# ---- labels of one new node from its sources (the search builds nodes one at a time) ------------
+def _broadcast_labels(srcs, out_shape):
+    """Labels of an elementwise result: operands' labels must agree where extents exceed 1.
+
+    An extent-1 dim keeps a label (a fully split dim, e.g. one batch entry per block) when every
+    operand that names it agrees; otherwise it is a plain unit dim.
+    """
+    out = []
+    for i in range(1, len(out_shape) + 1):
+        wide = {labels[-i] for labels, shape in srcs if i <= len(shape) and shape[-i] > 1}
+        if len(wide) > 1:
+            return None
+        if wide:
+            out.append(wide.pop())
+            continue
+        named = {labels[-i] for labels, shape in srcs if i <= len(shape)} - {UNIT_DIM}
+        out.append(named.pop() if len(named) == 1 else UNIT_DIM)
+    return tuple(reversed(out))
+
+
+def _matmul_labels(srcs, out_shape):
+    (la, sa), (lb, sb) = srcs
+    if sa[-1] > 1 and la[-1] != lb[-2]:
+        return None
+    batch = _broadcast_labels([(la[:-2], sa[:-2]), (lb[:-2], sb[:-2])], out_shape[:-2]) \
+        if len(out_shape) > 2 else ()
+    if batch is None:
+        return None
+    return batch + (la[-2], lb[-1])
+
+
+def node_labels(op, srcs, out_shape, arg):
+    """Dim labels of a node given (labels, shape) of its sources, or None when they clash.
+
+    A clash (e.g. adding a tile indexed by (m, k) to one indexed by (m, n) of the same shape)
+    means the op combines unrelated indices: the abstraction of expressions cannot see that,
+    labels can.
+    """
+    from mugraph.ir.ops import ACCUMULATORS, BOp, LAST_DIM_ACCUMULATORS
+    if isinstance(op, TOp):
+        return _broadcast_labels(srcs, out_shape)
+    if op in (KOp.MATMUL, BOp.MATMUL):
+        return _matmul_labels(srcs, out_shape)
+    labels = srcs[0][0]
+    if op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX, BOp.REDUCE_SUM, BOp.REDUCE_MAX):
+        return tuple(UNIT_DIM if d == arg else dl for d, dl in enumerate(labels))
+    if op in LAST_DIM_ACCUMULATORS:
+        return labels[:-1] + (UNIT_DIM,)
+    if op in ACCUMULATORS or op in (KOp.RMS_NORM, BOp.RMS_NORM):
+        return labels
+    if op is KOp.TRANSPOSE:
+        return tuple(labels[p] for p in arg)
+    return None

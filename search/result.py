@@ -1,0 +1,88 @@
+"""What a search returns: the ranked candidates, the winner, and a report of how it went."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mugraph.ir import KernelGraph
+
+
+@dataclass(frozen=True)
+class Candidate:
+    graph: KernelGraph
+    estimate: object               # search.cost.Estimate at the real shapes
+    structure: str                 # one-line summary, e.g. "1 custom kernel: grid(...)"
+    origin: str                    # "search" or "spec"
+
+    @property
+    def seconds(self) -> float:
+        return self.estimate.seconds
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    stop_reason: str               # exhausted | time | states
+    states: int
+    block_graphs: int
+    pruned: dict                   # by reason: expression, shape, label, phase, duplicate, memory
+    structures_found: int          # candidate structures at the reduced shapes
+    verified: int                  # structures that passed the finite-field test
+    rejected: int                  # structures that failed it (or the winner's full check)
+    wall_seconds: float
+    rules_fired: tuple
+    reduced_shapes: dict
+    target: str
+    spec_estimate: object          # the unfused spec under the cost model
+    roofline: object               # the spec's roofline bound
+    verification: object = None    # VerificationReport of the winner at the real shapes
+    config: str = ""
+    best_found_seconds: float | None = None   # when the winner's structure was first found
+
+    @property
+    def speedup(self) -> float | None:
+        return None
+
+    def __str__(self) -> str:
+        pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
+        found = (f"; the winner was found after {self.best_found_seconds:.1f} s"
+                 if self.best_found_seconds is not None else "; the winner is the spec itself")
+        lines = [
+            f"stop reason: {self.stop_reason} after {self.wall_seconds:.1f} s{found}",
+            f"states visited: {self.states} ({self.block_graphs} block graphs closed)",
+            f"pruned: {pruned or 'none'}",
+            f"structures: {self.structures_found} found, {self.verified} verified, "
+            f"{self.rejected} rejected",
+            f"structure search at reduced shapes: {self.reduced_shapes}",
+        ]
+        if self.rules_fired:
+            lines.append(f"canonicalised: {', '.join(self.rules_fired)}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: KernelGraph
+    candidates: tuple               # Candidate, best first
+    report: SearchReport
+    spec: KernelGraph = field(repr=False, default=None)
+
+    @property
+    def best_candidate(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def speedup(self) -> float:
+        """Estimated speedup of the winner over the unfused spec under the cost model."""
+        return self.report.spec_estimate.seconds / self.candidates[0].seconds
+
+    def summary(self) -> str:
+        best = self.candidates[0]
+        roof = self.report.roofline.seconds
+        lines = [str(self.report), "",
+                 f"winner: {best.structure}",
+                 f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
+                 f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
+                 f"  unfused spec {self.report.spec_estimate.seconds * 1e6:.2f} us -> "
+                 f"estimated speedup {self.speedup:.2f}x"]
+        if self.report.verification is not None:
+            lines.append("  verification: " + str(self.report.verification).replace("\n", "\n    "))
+        return "\n".join(lines)

@@ -1,0 +1,266 @@
+"""The search runner: a flat pipeline of named steps from a spec to a verified, ranked winner.
+
+    canonicalise -> reduce shapes -> enumerate structures (iterative deepening, executors)
+    -> verify each at reduced shapes -> size for the real shapes (cost model) -> rank
+    -> verify the winner at the real shapes
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from mugraph.ir import KernelGraph
+from mugraph.ir.errors import SearchError
+from mugraph.search.config import SearchConfig
+from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, StopReason,
+                                     TaskCapReached)
+from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
+from mugraph.search.labels import Label, analyze
+from mugraph.search.result import Candidate, SearchReport, SearchResult
+from mugraph.search.rules import canonicalize
+
+
+@dataclass
+class Problem:
+    """Everything a worker needs to run tasks of one structure search (picklable)."""
+
+    reduced: KernelGraph
+    config: SearchConfig
+
+
+class Context:
+    """Shared state of one structure search in one process."""
+
+    def __init__(self, problem: Problem, deadline: float, states_left: int):
+        from mugraph.search.pruning import Pruner
+        self.config = problem.config
+        self.spec = problem.reduced
+        self.analysis = analyze(problem.reduced)
+        self.pruner = Pruner(problem.reduced)
+        self.ops = OpSets.from_spec(problem.reduced, problem.config)
+        self.counters = Counters()
+        self.budget = Budget(max(0.0, deadline - time.monotonic()), states_left)
+        self.output_names = problem.reduced.output_names
+        self._splits: dict = {}
+
+    def is_reduction(self, label: Label) -> bool:
+        return label.uid < 0 or label not in self.analysis.parallel
+
+    def split_label(self, label: Label, extent: int) -> Label:
+        """The label of the blocks' side-by-side partials when a grid axis splits `label`."""
+        key = (label, extent)
+        if key not in self._splits:
+            self._splits[key] = Label(-1000 - len(self._splits), extent, f"{label!r}/split")
+        return self._splits[key]
+
+
+_WORKER: dict = {}
+
+
+def _enumerator(problem: Problem, deadline: float, states_left: int, cap: int | None = None):
+    from mugraph.search.kernel_enum import KernelEnumerator, Tensor
+    cached = _WORKER.get("problem")
+    if cached is None or cached.reduced is not problem.reduced or cached.config != problem.config:
+        ctx = Context(problem, deadline, states_left)
+        inputs = [Tensor(n, ctx.pruner.inputs[n], ctx.analysis.of(n)) for n in problem.reduced.inputs]
+        outs = list(zip(problem.reduced.outputs, ctx.pruner.outputs))
+        _WORKER.update(problem=problem, enum=KernelEnumerator(ctx, inputs, outs))
+    enum = _WORKER["enum"]
+    enum.ctx.budget = Budget(max(0.0, deadline - time.monotonic()), states_left, cap)
+    enum.ctx.counters = Counters()
+    return enum
+
+
+def run_task(args):
+    """One executor task: (problem, depth, task, deadline, states left, cap) ->
+    (graphs, counters, stop reason or None, finished: bool)."""
+    problem, depth, task, deadline, states_left, cap = args
+    enum = _enumerator(problem, deadline, states_left, cap)
+    found, stop, finished = [], None, True
+    try:
+        for graph in enum.run_task(task, depth):
+            if graph not in found:
+                found.append(graph)
+    except BudgetExhausted as e:
+        stop = e.reason
+    except TaskCapReached:
+        finished = False
+    return found, enum.ctx.counters, stop, finished
+
+
+def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=None,
+           executor=None) -> SearchResult:
+    """Find the best verified μGraph for `spec` (see the module docstring for the steps)."""
+    from mugraph.search.executors import make_executor
+    config = config or SearchConfig()
+    if not isinstance(spec, KernelGraph):
+        raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
+                          hint="trace a JAX function with mugraph.ir.from_jax first")
+    started = time.monotonic()
+    show = progress if progress is not None else _default_progress()
+    canonical, fired = canonicalize(spec)
+    analysis = analyze(canonical)
+    extents, constants = reduced_extents(analysis, canonical, config.reduced_extent)
+    reduced = reinstantiate_spec(canonical, analysis, extents)
+    problem = Problem(reduced, config)
+    own_executor = executor is None
+    executor = executor or make_executor(config.workers)
+    ranking = _Ranking(spec, constants, config)
+    try:
+        counters, stop = _enumerate(problem, executor, started, show, ranking)
+    finally:
+        if own_executor:
+            executor.close()
+    return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started)
+
+
+class _Ranking:
+    """Verified structures, sized for the real shapes as they are found: the best so far."""
+
+    def __init__(self, spec, constants, config):
+        from mugraph.search.cost import estimate, fits
+        self.spec, self.constants, self.config = spec, constants, config
+        self.estimate, self.fits = estimate, fits
+        self.candidates: list[Candidate] = []
+        self.started = time.monotonic()
+        self.first_found: dict = {}
+
+    def add(self, structure) -> None:
+        from mugraph.search.sizing import size_structure
+        target = self.config.target
+        sized = size_structure(structure, list(self.spec.inputs), self.constants, target,
+                               self.estimate, lambda g: self.fits(g, target))
+        if sized:
+            est, graph = sized[0]
+            if all(c.graph is not graph for c in self.candidates):
+                self.candidates.append(Candidate(graph, est, describe(graph), "search"))
+                self.first_found[graph] = time.monotonic() - self.started
+
+    @property
+    def best_seconds(self) -> float | None:
+        return min((c.seconds for c in self.candidates), default=None)
+
+
+FIRST_CAP = 2048     # states per task in the first round; each round multiplies it by CAP_GROWTH
+CAP_GROWTH = 4
+
+
+def _enumerate(problem, executor, started, show, ranking):
+    """Iterative deepening on kernel ops; within a depth, iterative broadening over root tasks:
+    every task gets a share of states per round, unfinished tasks run again with a share
+    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget."""
+    config = problem.config
+    deadline = started + config.budget_seconds
+    counters, seen, stop = Counters(), set(), StopReason.EXHAUSTED
+    enum = _enumerator(problem, deadline, config.budget_states)
+    for depth in range(1, config.max_kernel_ops + 1):
+        pending, cap = enum.root_tasks(depth), FIRST_CAP
+        while pending and stop is StopReason.EXHAUSTED:
+            batch = [(problem, depth, t, deadline, config.budget_states - counters.states, cap)
+                     for t in pending]
+            unfinished = []
+            for task, (found, task_counters, task_stop, finished) in zip(
+                    pending, executor.map(run_task, batch)):
+                counters.merge(task_counters)
+                _verify_found(problem, found, seen, counters, ranking)
+                show(counters, ranking.best_seconds, time.monotonic() - started)
+                if task_stop is not None:
+                    stop = task_stop
+                    break
+                if not finished:
+                    unfinished.append(task)
+            pending, cap = unfinished, cap * CAP_GROWTH
+        if stop is not StopReason.EXHAUSTED or counters.verified >= config.max_candidates:
+            break
+    return counters, stop
+
+
+def _verify_found(problem, found, seen, counters, ranking) -> None:
+    """The finite-field test at the reduced shapes for every new structure; rank the verified."""
+    from mugraph.verify import quick_equivalent
+    config = problem.config
+    for graph in found:
+        if graph in seen:
+            continue
+        seen.add(graph)
+        counters.candidates += 1
+        if quick_equivalent(problem.reduced, graph, tests=config.verify_tests, seed=config.seed):
+            counters.verified += 1
+            ranking.add(graph)
+        else:
+            counters.rejected += 1
+
+
+def _rank_key(c: Candidate):
+    """Faster first; ties (common when memory-bound) go to less traffic, less arithmetic,
+    fewer launches, fewer block ops; the digest makes the order total and reproducible."""
+    est = c.estimate
+    ops = sum(len(bg.nodes) for bg, _ in c.graph.custom_ops())
+    return (round(c.seconds, 12), est.hbm_bytes, est.simt_flops, est.launches, ops,
+            c.origin != "search", c.graph.digest())
+
+
+def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started):
+    from mugraph.search.cost import estimate, roofline
+    from mugraph.verify import check, quick_equivalent
+    target = config.target
+    ranked = list(ranking.candidates)
+    ranked.append(Candidate(spec, estimate(spec, target), "the unfused spec (library kernels)",
+                            "spec"))
+    if canonical is not spec:
+        ranked.append(Candidate(canonical, estimate(canonical, target),
+                                "the canonical spec (library kernels)", "spec"))
+    ranked.sort(key=_rank_key)
+    verification, rejected = None, 0
+    while ranked:
+        # a cheap exact test first: a structure that fails at the real shapes is not worth the
+        # full check (several float and finite-field runs)
+        if quick_equivalent(spec, ranked[0].graph, seed=config.seed):
+            verification = check(spec, ranked[0].graph, seed=config.seed)
+            if verification.equivalent:
+                break
+        rejected += 1
+        ranked.pop(0)
+    if not ranked:
+        raise SearchError("no candidate passed verification at the real shapes")
+    best = ranked[0]
+    report = SearchReport(
+        stop_reason=stop.value, states=counters.states, block_graphs=counters.block_graphs,
+        pruned=dict(counters.pruned), structures_found=counters.candidates,
+        verified=counters.verified, rejected=counters.rejected + rejected,
+        wall_seconds=time.monotonic() - started, rules_fired=tuple(fired),
+        reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
+        spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
+        verification=verification, config=config.to_json(),
+        best_found_seconds=ranking.first_found.get(best.graph))
+    return SearchResult(best.graph, tuple(ranked), report, spec)
+
+
+def describe(graph: KernelGraph) -> str:
+    """One line: how many kernels, and each custom kernel's grid and loop."""
+    customs = graph.custom_ops()
+    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")]
+    parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
+    if library:
+        parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")
+    kernels = [f"grid{bg.grid} forloop {bg.forloop} ({len(bg.nodes) - len(bg.inputs)} block ops)"
+               for bg, _ in customs]
+    return ", ".join(parts) + (": " + "; ".join(kernels) if kernels else "")
+
+
+def _default_progress():
+    from mugraph.ir.settings import settings
+    if not settings.progress or not sys.stderr.isatty():
+        return lambda *a: None
+    last = [0.0]
+
+    def show(counters, best, elapsed):
+        if elapsed - last[0] < 1.0:
+            return
+        last[0] = elapsed
+        best_text = f"best {best * 1e6:.2f} us" if best is not None else "no candidate yet"
+        print(f"\r  search: {elapsed:6.1f} s  {counters.states:>9} states  "
+              f"{counters.verified:>3} verified  {best_text}   ", end="", file=sys.stderr,
+              flush=True)
+    return show
