@@ -9,4 +9,18 @@ from mugraph.settings import settings
 
 __version__ = "0.1.0"
 
-__all__ = ["errors", "ir", "settings", "__version__"]
+_API = {"superoptimize", "jit", "Kernel"}
+
+
+def __getattr__(name: str):
+    # the API pulls in search, verify and codegen; load them on first use, not on `import mugraph`
+    if name in _API:
+        from mugraph import api
+        return getattr(api, name)
+    if name in ("workloads", "testing", "search", "verify", "codegen"):
+        import importlib
+        return importlib.import_module(f"mugraph.{name}")
+    raise AttributeError(f"module 'mugraph' has no attribute {name!r}")
+
+
+__all__ = ["Kernel", "errors", "ir", "jit", "settings", "superoptimize", "__version__"]
