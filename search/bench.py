@@ -12,7 +12,7 @@ import time
 
 from mugraph.search.config import SearchConfig
 
-HEADER = ("workload", "wall s", "best at s", "stop", "states", "pruned", "verified", "winner us",
+HEADER = ("workload", "wall s", "best found at s (states)", "stop", "states", "pruned", "verified", "winner us",
           "spec us", "reference us", "roofline us", "winner/ref", "structure")
 
 
@@ -28,6 +28,7 @@ def run_one(name: str, config: SearchConfig) -> dict:
     ref = estimate(w.reference(), config.target).seconds
     best = result.best_candidate
     return {"workload": name, "wall_s": wall, "best_found_s": rep.best_found_seconds,
+            "best_found_states": rep.best_found_states,
             "stop": rep.stop_reason, "states": rep.states, "pruned": sum(rep.pruned.values()),
             "verified": rep.verified, "winner_us": best.seconds * 1e6,
             "spec_us": rep.spec_estimate.seconds * 1e6, "reference_us": ref * 1e6,
@@ -36,7 +37,8 @@ def run_one(name: str, config: SearchConfig) -> dict:
 
 
 def _row(r: dict) -> tuple:
-    found = f"{r['best_found_s']:.1f}" if r["best_found_s"] is not None else "-"
+    found = (f"{r['best_found_s']:.1f} ({r['best_found_states']} states)"
+             if r["best_found_s"] is not None else "-")
     return (r["workload"], f"{r['wall_s']:.1f}", found, r["stop"], str(r["states"]),
             str(r["pruned"]), str(r["verified"]), f"{r['winner_us']:.2f}", f"{r['spec_us']:.2f}",
             f"{r['reference_us']:.2f}", f"{r['roofline_us']:.2f}",

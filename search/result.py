@@ -36,14 +36,12 @@ class SearchReport:
     verification: object = None    # VerificationReport of the winner at the real shapes
     config: str = ""
     best_found_seconds: float | None = None   # when the winner's structure was first found
-
-    @property
-    def speedup(self) -> float | None:
-        return None
+    best_found_states: int | None = None      # ... and after how many states
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
-        found = (f"; the winner was found after {self.best_found_seconds:.1f} s"
+        found = (f"; the winner was found after {self.best_found_seconds:.1f} s "
+                 f"({self.best_found_states} states)"
                  if self.best_found_seconds is not None else "; the winner is the spec itself")
         lines = [
             f"stop reason: {self.stop_reason} after {self.wall_seconds:.1f} s{found}",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import SearchError
 from mugraph.search.config import SearchConfig
-from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, StopReason,
-                                     TaskCapReached)
+from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, Reject,
+                                     StopReason, TaskCapReached)
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
 from mugraph.search.result import Candidate, SearchReport, SearchResult
@@ -125,17 +125,23 @@ class _Ranking:
         self.candidates: list[Candidate] = []
         self.started = time.monotonic()
         self.first_found: dict = {}
+        self.misfits = 0               # real-shape sizings that do not fit the target's memory
 
-    def add(self, structure) -> None:
+    def _fits(self, graph) -> bool:
+        ok = self.fits(graph, self.config.target)
+        self.misfits += not ok
+        return ok
+
+    def add(self, structure, states: int) -> None:
         from mugraph.search.sizing import size_structure
         target = self.config.target
         sized = size_structure(structure, list(self.spec.inputs), self.constants, target,
-                               self.estimate, lambda g: self.fits(g, target))
+                               self.estimate, self._fits)
         if sized:
             est, graph = sized[0]
             if all(c.graph is not graph for c in self.candidates):
                 self.candidates.append(Candidate(graph, est, describe(graph), "search"))
-                self.first_found[graph] = time.monotonic() - self.started
+                self.first_found[graph] = (time.monotonic() - self.started, states)
 
     @property
     def best_seconds(self) -> float | None:
@@ -157,7 +163,13 @@ def _enumerate(problem, executor, started, show, ranking):
     for depth in range(1, config.max_kernel_ops + 1):
         pending, cap = enum.root_tasks(depth), FIRST_CAP
         while pending and stop is StopReason.EXHAUSTED:
-            batch = [(problem, depth, t, deadline, config.budget_states - counters.states, cap)
+            # the states left are shared out, so tasks running side by side cannot overrun
+            # them; a task that uses its share runs again next round, like one at its cap
+            share = (config.budget_states - counters.states) // len(pending)
+            if share < 1:
+                stop = StopReason.STATES
+                break
+            batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
                      for t in pending]
             unfinished = []
             for task, (found, task_counters, task_stop, finished) in zip(
@@ -187,7 +199,7 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
         counters.candidates += 1
         if quick_equivalent(problem.reduced, graph, tests=config.verify_tests, seed=config.seed):
             counters.verified += 1
-            ranking.add(graph)
+            ranking.add(graph, counters.states)
         else:
             counters.rejected += 1
 
@@ -225,6 +237,7 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
     if not ranked:
         raise SearchError("no candidate passed verification at the real shapes")
     best = ranked[0]
+    counters.pruned[Reject.MEMORY.value] = ranking.misfits
     report = SearchReport(
         stop_reason=stop.value, states=counters.states, block_graphs=counters.block_graphs,
         pruned=dict(counters.pruned), structures_found=counters.candidates,
@@ -233,7 +246,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
         verification=verification, config=config.to_json(),
-        best_found_seconds=ranking.first_found.get(best.graph))
+        best_found_seconds=ranking.first_found.get(best.graph, (None, None))[0],
+        best_found_states=ranking.first_found.get(best.graph, (None, None))[1])
     return SearchResult(best.graph, tuple(ranked), report, spec)
 
 
