@@ -72,20 +72,50 @@ def cmd_regen(args) -> int:
 
 def cmd_search(args) -> int:
     from mugraph.search import SearchConfig, search
+    from mugraph.search.executors import make_executor
     name, spec, w = _load_program(args.target)
     config = SearchConfig(budget_seconds=args.budget, target=args.target_gpu, workers=args.workers,
-                          seed=args.seed)
+                          seed=args.seed, max_kernel_ops=args.max_kernel_ops)
     if args.small and w is not None:
         spec = w.small().spec()
     print(f"== {name}: the spec ==")
     print(spec)
-    print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}) ==")
-    result = search(spec, config)
+    executor = make_executor(config.workers, args.executor, args.scheduler)
+    print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}, "
+          f"{executor.name} executor) ==")
+    try:
+        result = search(spec, config, executor=executor)
+    finally:
+        executor.close()
     print(f"\n== the winning μGraph ==")
     print(result.best)
     print("\n== report ==")
     print(result.summary())
+    if args.out:
+        _write_result(result, args.out, config)
     return 0
+
+
+def _write_result(result, folder: str, config) -> None:
+    """The winner as graph JSON, its CUDA for the target's arch, and the report."""
+    from pathlib import Path
+    from mugraph import ir
+    from mugraph.codegen import generate_cuda
+    from mugraph.search.targets import get_target
+    out = Path(folder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MugraphError(f"cannot create the output folder {folder!r}: {e.strerror}",
+                           hint="give --out a folder you can write to") from None
+    ir.save(result.best, out / "graph.json")
+    files = ["graph.json"]
+    if result.best.custom_ops():
+        (out / "kernel.cu").write_text(generate_cuda(result.best, arch=get_target(config.target).arch))
+        files.append("kernel.cu")
+    (out / "report.txt").write_text(result.summary() + "\n")
+    files.append("report.txt")
+    print(f"\nwrote {', '.join(str(out / f) for f in files)}")
 
 
 def cmd_bench(args) -> int:
@@ -114,6 +144,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=300.0, help="seconds (default 300)")
     p.add_argument("--target-gpu", default="h100", choices=("a100", "h100", "h200"))
     p.add_argument("--workers", type=int, default=1, help="processes (default 1: in-process)")
+    p.add_argument("--executor", choices=("in-process", "process-pool", "dask"), default=None,
+                   help="where tasks run (default: in-process for 1 worker, else a process pool)")
+    p.add_argument("--scheduler", default=None,
+                   help="Dask scheduler address (default: $MUGRAPH_DASK_SCHEDULER, else a local cluster)")
+    p.add_argument("--max-kernel-ops", type=int, default=3, help="kernel ops per candidate (default 3)")
+    p.add_argument("--out", default=None, help="write the winner's graph.json, kernel.cu and report.txt here")
     p.add_argument("--small", action="store_true", help="a workload at its reduced shapes")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_search)

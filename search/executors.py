@@ -78,12 +78,12 @@ class DaskExecutor:
             self.cluster.close()
 
 
-def make_executor(workers: int, kind: str | None = None) -> Executor:
+def make_executor(workers: int, kind: str | None = None, address: str | None = None) -> Executor:
     kind = kind or ("in-process" if workers <= 1 else "process-pool")
     if kind == "in-process":
         return InProcess()
     if kind == "process-pool":
         return ProcessPool(workers or os.cpu_count() or 1)
     if kind == "dask":
-        return DaskExecutor(os.environ.get("MUGRAPH_DASK_SCHEDULER"), workers)
+        return DaskExecutor(address or os.environ.get("MUGRAPH_DASK_SCHEDULER"), max(workers, 1))
     raise SearchError(f"unknown executor {kind!r}", hint="in-process, process-pool or dask")
