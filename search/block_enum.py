@@ -31,6 +31,21 @@ class ClosedBlock:
     labels: tuple          # per output: tuple[DimLabel, ...] of the kernel tensor
 
 
+def _broadcastable(a: tuple, b: tuple) -> bool:
+    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b)))
+
+
+def _shapes_may_fit(op, srcs) -> bool:
+    """The common shape clashes, without building the node (a clash raises, which is slow);
+    the node's own inference stays the judge of everything else."""
+    if op in BINARY or op in RESCALE_ACCUMULATORS:
+        return _broadcastable(srcs[0].shape, srcs[1].shape)
+    if op is BOp.MATMUL:
+        a, b = srcs[0].shape, srcs[1].shape
+        return len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2] and _broadcastable(a[:-2], b[:-2])
+    return True
+
+
 def _reduces_spec_labels(analysis, op, label_srcs, arg) -> bool:
     """A reduction (sum, max, rms) is only over a dim whose index the spec reduces too: the
     abstract expressions do not name dims, so without this a sum over rows would pass for a
@@ -194,68 +209,98 @@ class BlockEnumerator:
 
     # ---- candidate ops ---------------------------------------------------------------------------
     def _candidates(self):
-        """(op, sources, arg) of every op that could come next; _admit checks them."""
+        """(op rank, op, sources, arg, source positions) of every op that could come next in
+        canonical order; _admit checks them.
+
+        Once the body is in the epilogue (the last key's phase rank is the highest), a new op
+        must read the newest source of the last op or a later one, else its key is smaller:
+        those combinations are not generated at all.
+        """
         st, ops = self.state, self.ctx.ops.block
         values = list(st.nodes)
+        pos = st.pos
+        last = st.keys[-1]
+        newest = last[1] if last[0] == _PHASE_RANK[Phase.EPILOGUE] else -10
+        fresh = values[max(newest, 0):] if newest >= 0 else values
         for op in ops:
+            rank = _OP_RANK[op]
             if op in UNARY:
                 if op is not TOp.CLAMP:
-                    for a in values:
-                        yield op, (a,), None
+                    for a in fresh:
+                        yield rank, op, (a,), None, (pos[a],)
             elif op in BINARY:
                 operands = values + self.constants
-                for a, b in itertools.product(operands, operands):
-                    if a.op is BOp.CONSTANT and b.op is BOp.CONSTANT:
-                        continue
-                    if op in COMMUTATIVE and st.pos[a] > st.pos[b]:
-                        continue
-                    yield op, (a, b), None
+                commutative = op in COMMUTATIVE
+                for a in operands:
+                    pa = pos[a]
+                    for b in operands:
+                        pb = pos[b]
+                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or max(pa, pb) < newest:
+                            continue
+                        yield rank, op, (a, b), None, (pa, pb)
             elif op is BOp.MATMUL:
-                for a, b in itertools.product(values, values):
-                    yield op, (a, b), None
-            elif op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
                 for a in values:
+                    for b in values:
+                        if max(pos[a], pos[b]) >= newest:
+                            yield rank, op, (a, b), None, (pos[a], pos[b])
+            elif op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
+                for a in fresh:
                     for d, n in enumerate(a.shape):
                         if n > 1:
-                            yield op, (a,), d
+                            yield rank, op, (a,), d, (pos[a],)
             elif op is BOp.RMS_NORM:
-                for a in values:
+                for a in fresh:
                     for d, n in enumerate(a.shape):
                         for eps in self.ctx.ops.rms_args:
                             if n > 1:
-                                yield op, (a,), (d, eps)
+                                yield rank, op, (a,), (d, eps), (pos[a],)
             elif op in RESCALE_ACCUMULATORS:
                 runs = [m for m in values if m.op in RUNNING_ACCUMULATORS]
-                for a, m in itertools.product(values, runs):
-                    yield op, (a, m), None
-            elif op in ACCUMULATORS:
                 for a in values:
-                    yield op, (a,), None
+                    for m in runs:
+                        if max(pos[a], pos[m]) >= newest:
+                            yield rank, op, (a, m), None, (pos[a], pos[m])
+            elif op in ACCUMULATORS:
+                for a in fresh:
+                    yield rank, op, (a,), None, (pos[a],)
 
-    def _admit(self, op, srcs, arg):
-        """Order check, then the node's facts (memoised: they depend only on its sources)."""
+    def _admit(self, rank, op, srcs, arg, idx):
+        """Order check, then the node's facts (memoised: they depend only on its sources).
+
+        The order key needs only the phase, so a candidate out of order costs no node, label
+        or expression work the first time it is seen.
+        """
         st = self.state
-        facts = self._memo.get((op, srcs, arg), ...)
+        memo_key = (rank, srcs, arg)
+        facts = self._memo.get(memo_key, ...)
         if facts is ...:
-            facts = self._memo[(op, srcs, arg)] = self._facts(op, srcs, arg)
+            phase = _phase_of(op, srcs, st.phase)
+            if phase is None or not self._loop_shape_ok(op, srcs, phase):
+                self.ctx.counters.pruned[Reject.PHASE.value] += 1
+                self._memo[memo_key] = None
+                return None
+            if (_PHASE_RANK[phase], max(idx), idx, rank, repr(arg)) <= st.keys[-1]:
+                return None
+            facts = self._facts(op, srcs, arg, phase)
+            self._memo[memo_key] = facts and facts + (_PHASE_RANK[phase], repr(arg))
+            facts = self._memo[memo_key]
         if facts is None:
             return None
-        node, expr, labels, phase = facts
-        idx = tuple(st.pos[s] for s in srcs)
-        key = (_PHASE_RANK[phase], max(idx), idx, _OP_RANK[op], repr(arg))
+        node, expr, labels, phase, phase_rank, arg_text = facts
+        key = (phase_rank, max(idx), idx, rank, arg_text)
         if key <= st.keys[-1] or node in st.pos:
             return None
         return node, expr, labels, phase, key
 
-    def _facts(self, op, srcs, arg):
-        """Build one candidate node and run the cheap checks, then the expression check."""
+    def _facts(self, op, srcs, arg, phase):
+        """Build one candidate node (its phase known) and run the cheap checks, then the
+        expression check."""
         st, ctx = self.state, self.ctx
-        phase = _phase_of(op, srcs, st.phase)
-        if phase is None or not self._loop_shape_ok(op, srcs, phase):
-            ctx.counters.pruned[Reject.PHASE.value] += 1
-            return None
         if self._scaled_before_linear(op, srcs):
             ctx.counters.pruned[Reject.CANONICAL.value] += 1
+            return None
+        if not _shapes_may_fit(op, srcs):
+            ctx.counters.pruned[Reject.SHAPE.value] += 1
             return None
         try:
             node = BNode(op, srcs, arg)
