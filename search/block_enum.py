@@ -16,7 +16,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, LAST_DIM_ACCUMULATORS,
                             RESCALE_ACCUMULATORS, RUNNING_ACCUMULATORS, TOp, UNARY)
 from mugraph.search.context import ACC_ORDER, Reject
-from mugraph.search.labels import UNIT, UNIT_DIM, DimLabel, Label, node_labels
+from mugraph.search.labels import UNIT, UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
 
 _OP_RANK = {op: i for i, op in enumerate(list(BOp) + list(TOp))}
@@ -44,22 +44,6 @@ def _shapes_may_fit(op, srcs) -> bool:
         a, b = srcs[0].shape, srcs[1].shape
         return len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2] and _broadcastable(a[:-2], b[:-2])
     return True
-
-
-def _reduces_spec_labels(analysis, op, label_srcs, arg) -> bool:
-    """A reduction (sum, max, rms) is only over a dim whose index the spec reduces too: the
-    abstract expressions do not name dims, so without this a sum over rows would pass for a
-    sum over columns of the same extent."""
-    labels = label_srcs[0][0]
-    if op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
-        dim = arg
-    elif op is BOp.RMS_NORM:
-        dim = arg[0]
-    elif op in LAST_DIM_ACCUMULATORS:
-        dim = len(labels) - 1
-    else:
-        return True
-    return labels[dim] is UNIT_DIM or analysis.may_reduce(labels[dim])
 
 
 class _State:
@@ -309,16 +293,14 @@ class BlockEnumerator:
             return None
         label_srcs = [(st.labels[s] if st.labels[s] is not None else (UNIT_DIM,) * s.rank, s.shape)
                       for s in srcs]
-        labels = node_labels(op, label_srcs, node.shape, arg)
-        if labels is None or not _reduces_spec_labels(ctx.analysis, op, label_srcs, arg):
+        labels = checked_labels(ctx.analysis, op, label_srcs, node.shape, arg)
+        if labels is None:
             ctx.counters.pruned[Reject.LABEL.value] += 1
             return None
         expr = ctx.pruner.block_expr(node, [st.exprs[s] for s in srcs], self.forloop)
-        if expr is None or not ctx.pruner.useful(expr):
-            ctx.counters.pruned[Reject.EXPRESSION.value] += 1
-            return None
-        if ctx.pruner.is_constant(expr):
-            ctx.counters.pruned[Reject.CONSTANT.value] += 1
+        reason = ctx.pruner.reject(expr)
+        if reason is not None:
+            ctx.counters.pruned[reason.value] += 1
             return None
         return node, expr, labels, phase
 

@@ -15,7 +15,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TOp, UNARY
 from mugraph.search.block_enum import BlockEnumerator, Goal
 from mugraph.search.context import Reject
-from mugraph.search.labels import UNIT_DIM, DimLabel, node_labels
+from mugraph.search.labels import UNIT_DIM, DimLabel, checked_labels
 from mugraph.search.schedules import reduced_sizes, skeletons
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
@@ -36,18 +36,6 @@ class Step:
 
     key: tuple
     produced: tuple        # Tensors
-
-
-def _reduces_spec_labels(analysis, op, label_srcs, arg) -> bool:
-    """A library reduction is only over an index the spec reduces (see block_enum)."""
-    labels = label_srcs[0][0]
-    if op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX):
-        dim = arg
-    elif op is KOp.RMS_NORM:
-        dim = arg[0]
-    else:
-        return True
-    return labels[dim] is UNIT_DIM or analysis.may_reduce(labels[dim])
 
 
 def _no_dead_outputs(graph: KernelGraph) -> bool:
@@ -214,17 +202,15 @@ class KernelEnumerator:
         by_node = {t.node: t for t in tensors}
         src_labels = [((by_node[s].labels if s in by_node else (UNIT_DIM,) * s.rank), s.shape)
                       for s in srcs]
-        labels = node_labels(op, src_labels, node.shape, arg)
-        if labels is None or not _reduces_spec_labels(ctx.analysis, op, src_labels, arg):
+        labels = checked_labels(ctx.analysis, op, src_labels, node.shape, arg)
+        if labels is None:
             ctx.counters.pruned[Reject.LABEL.value] += 1
             return None
         exprs = [by_node[s].expr if s in by_node else ctx.pruner.constant(s.arg[0]) for s in srcs]
         expr = ctx.pruner.kernel_expr(node, exprs)
-        if expr is None or not ctx.pruner.useful(expr):
-            ctx.counters.pruned[Reject.EXPRESSION.value] += 1
-            return None
-        if ctx.pruner.is_constant(expr):
-            ctx.counters.pruned[Reject.CONSTANT.value] += 1
+        reason = ctx.pruner.reject(expr)
+        if reason is not None:
+            ctx.counters.pruned[reason.value] += 1
             return None
         if any(ctx.pruner.same(expr, t.expr) and t.node.shape == node.shape for t in tensors):
             ctx.counters.pruned[Reject.DUPLICATE.value] += 1

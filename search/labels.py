@@ -244,3 +244,29 @@ def node_labels(op, srcs, out_shape, arg):
     if op is KOp.TRANSPOSE:
         return tuple(labels[p] for p in arg)
     return None
+
+
+def _reduced_dim(op, rank: int, arg) -> int | None:
+    """The dim a reduction (sum, max, rms, last-dim accumulator) reduces, else None."""
+    from mugraph.ir.ops import BOp, LAST_DIM_ACCUMULATORS
+    if op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX, BOp.REDUCE_SUM, BOp.REDUCE_MAX):
+        return arg
+    if op in (KOp.RMS_NORM, BOp.RMS_NORM):
+        return arg[0]
+    if op in LAST_DIM_ACCUMULATORS:
+        return rank - 1
+    return None
+
+
+def checked_labels(analysis: LabelAnalysis, op, srcs, out_shape, arg):
+    """`node_labels`, and None as well when the op reduces an index the spec never reduces:
+    abstract expressions do not name dims, so without this a sum over rows would pass for a
+    sum over columns of the same extent."""
+    labels = node_labels(op, srcs, out_shape, arg)
+    if labels is None:
+        return None
+    src = srcs[0][0]
+    dim = _reduced_dim(op, len(src), arg)
+    if dim is not None and src[dim] is not UNIT_DIM and not analysis.may_reduce(src[dim]):
+        return None
+    return labels

@@ -54,6 +54,15 @@ class Pruner:
             found = self._constant[expr] = form is not None and N.is_constant(form)
         return found
 
+    def reject(self, expr):
+        """Why a new tensor with this expression is cut (`Reject`), or None to keep it."""
+        from mugraph.search.context import Reject
+        if expr is None or not self.useful(expr):
+            return Reject.EXPRESSION
+        if self.is_constant(expr):
+            return Reject.CONSTANT
+        return None
+
     def useful(self, expr) -> bool:
         found = self._useful.get(expr)
         if found is None:
