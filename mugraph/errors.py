@@ -3,5 +3,14 @@ from mugraph.ir.errors import (CompileError, InvalidGraph, InvalidInput, Mugraph
                                ResourceError, SearchError, ShapeError, UnsupportedOp,
                                VerificationError)
 
-__all__ = ["MugraphError", "InvalidGraph", "ShapeError", "UnsupportedOp", "InvalidInput",
+__all__ = ["MugraphError", "KernelFault", "InvalidGraph", "ShapeError", "UnsupportedOp", "InvalidInput",
            "CompileError", "ResourceError", "NoDevice", "VerificationError", "SearchError"]
+
+
+def __getattr__(name: str):
+    # KernelFault (the CPU harness stopped a generated kernel) lives with the harness; importing
+    # it here lazily keeps `mugraph.errors` light
+    if name == "KernelFault":
+        from mugraph.codegen.cpu import KernelFault
+        return KernelFault
+    raise AttributeError(f"module 'mugraph.errors' has no attribute {name!r}")

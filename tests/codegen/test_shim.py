@@ -265,3 +265,8 @@ def test_builds_are_cached_with_a_precompiled_header(tmp_path):
     cpu.clear_memo()
     again = build_cpu(source, "row_softmax_stats", cache_dir=tmp_path)
     assert again.path == first.path and again.build_seconds == 0.0
+
+
+def test_kernel_fault_is_a_public_typed_error():
+    from mugraph.errors import KernelFault as Public, MugraphError
+    assert Public is KernelFault and issubclass(KernelFault, MugraphError)
