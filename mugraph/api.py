@@ -10,7 +10,7 @@ import numpy as np
 
 from mugraph import ir
 from mugraph.ir import KernelGraph
-from mugraph.ir.errors import InvalidInput, MugraphError, NoDevice
+from mugraph.ir.errors import InvalidInput, MugraphError
 
 
 class Kernel:

@@ -87,7 +87,7 @@ def cmd_search(args) -> int:
         result = search(spec, config, executor=executor)
     finally:
         executor.close()
-    print(f"\n== the winning μGraph ==")
+    print("\n== the winning μGraph ==")
     print(result.best)
     print("\n== report ==")
     print(result.summary())

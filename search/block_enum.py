@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, Phase
 from mugraph.ir.errors import InvalidGraph
-from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, LAST_DIM_ACCUMULATORS,
-                            RESCALE_ACCUMULATORS, RUNNING_ACCUMULATORS, TOp, UNARY)
-from mugraph.search.context import ACC_ORDER, Reject
-from mugraph.search.labels import UNIT, UNIT_DIM, DimLabel, Label, checked_labels
+from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
+                            RUNNING_ACCUMULATORS, TOp, UNARY)
+from mugraph.search.context import Reject
+from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
 
 _OP_RANK = {op: i for i, op in enumerate(list(BOp) + list(TOp))}

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from mugraph.ir import DType, KernelGraph
-from mugraph.ir.ops import (ACCUMULATORS, BOp, KOp, RESCALE_ACCUMULATORS, RUNNING_ACCUMULATORS,
-                            TOp)
+from mugraph.ir.ops import BOp, KOp, TOp
 
 
 class StopReason(Enum):
@@ -116,6 +115,3 @@ class Budget:
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
-
-
-ACC_ORDER = {op: i for i, op in enumerate(BOp)}

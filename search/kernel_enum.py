@@ -15,7 +15,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TOp, UNARY
 from mugraph.search.block_enum import BlockEnumerator, Goal
 from mugraph.search.context import Reject
-from mugraph.search.labels import UNIT_DIM, DimLabel, checked_labels
+from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.schedules import reduced_sizes, skeletons
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
