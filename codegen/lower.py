@@ -311,7 +311,7 @@ class Lowering:
     def frag_loop(self, f: Frag, body, *, guard: bool, coords_shape) -> list[str]:
         """Nested unrolled loops over a Frag's registers; ``body(ctx)`` gives the lines for one element."""
         v = self.frag_var(f)
-        lines = [f"#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi)", "#pragma unroll",
+        lines = ["#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi)", "#pragma unroll",
                  f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
                  f"for (int ni = 0; ni < {f.tn}; ++ni)", "#pragma unroll", "for (int q = 0; q < 4; ++q) {"]
         ctx = Ctx(f, tuple(coords_shape), tuple(self._frag_coords(coords_shape)), "[bi][mi][ni][q]",
@@ -973,7 +973,7 @@ class Lowering:
     def _rows_across_warps(self, f: Frag, var: str, comb) -> None:
         rows = f.batch * f.m
         buf = self.buffer("scratch", 4 * f.wn * rows, f"row partials of {f.wn} warps")
-        fv = self.frag_var(f)
+        self.frag_var(f)  # declares the fragment's warp coordinates the loops below use
         valid = " && ".join(["t4_ == 0"] + ([x for x in [self._rows_valid(f)] if x]))
         write = self.rows_loop(f, lambda ctx: _guarded(
             valid, [f"{buf}[warp % {f.wn} * {rows} + b_ * {f.m} + r_] = {var}[bi][mi][h];"], ""),

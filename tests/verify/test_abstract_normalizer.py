@@ -14,7 +14,6 @@ import os
 import random
 from fractions import Fraction
 
-import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
