@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     p.set_defaults(run=cmd_verify)
     p = sub.add_parser("search", help="search for the best verified μGraph of a program")
     p.add_argument("target", help="a workload name, a graph .json file, or FILE.py:FUNCTION")
-    p.add_argument("--budget", type=float, default=300.0, help="seconds (default 300)")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds of search (default 300); the winner's check at the real shapes comes on top")
     p.add_argument("--target-gpu", default="h100", choices=("a100", "h100", "h200"))
     p.add_argument("--workers", type=int, default=1, help="processes (default 1: in-process)")
     p.add_argument("--executor", choices=("in-process", "process-pool", "dask"), default=None,

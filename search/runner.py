@@ -109,10 +109,12 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     ranking = _Ranking(spec, constants, config)
     try:
         counters, stop = _enumerate(problem, executor, started, show, ranking)
+        searched = time.monotonic() - started
     finally:
         if own_executor:
             executor.close()
-    return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started)
+    return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started,
+                   searched)
 
 
 class _Ranking:
@@ -213,7 +215,7 @@ def _rank_key(c: Candidate):
             c.origin != "search", c.graph.digest())
 
 
-def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started):
+def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched):
     from mugraph.search.cost import estimate, roofline
     from mugraph.verify import check, quick_equivalent
     target = config.target
@@ -242,7 +244,7 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         stop_reason=stop.value, states=counters.states, block_graphs=counters.block_graphs,
         pruned=dict(counters.pruned), structures_found=counters.candidates,
         verified=counters.verified, rejected=counters.rejected + rejected,
-        wall_seconds=time.monotonic() - started, rules_fired=tuple(fired),
+        wall_seconds=time.monotonic() - started, search_seconds=searched, rules_fired=tuple(fired),
         reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
         verification=verification, config=config.to_json(),

@@ -103,6 +103,19 @@ def test_state_budget_stops_with_reason_states():
     assert result.report.verification.equivalent      # falls back to a verified candidate
 
 
+def test_time_budget_stops_the_search_near_the_budget():
+    # the full rmsnorm_linear space does not finish in 3 s; the enumeration stops near the
+    # budget (a task checks the deadline as it goes), and the report tells search time apart
+    # from the whole call, which adds the winner's check at the real shapes
+    spec = workloads.get("rmsnorm_linear").small().spec()
+    result = search(spec, SearchConfig(budget_seconds=3.0), **QUIET)
+    rep = result.report
+    assert rep.stop_reason == "time"
+    assert 3.0 <= rep.search_seconds < 3.0 + 5.0
+    assert rep.wall_seconds >= rep.search_seconds
+    assert f"after {rep.search_seconds:.1f} s of search" in result.summary()
+
+
 def test_in_process_and_process_pool_give_the_same_result():
     spec = small_rmsnorm_spec()
     config = SearchConfig(max_kernel_ops=1)
