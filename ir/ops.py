@@ -118,6 +118,29 @@ KernelOpT = KOp | TOp
 BlockOpT = BOp | TOp
 
 
+_MASK_PRESERVING = frozenset({TOp.MUL, TOp.MAX, TOp.MIN})   # and, or, and of 0/1 masks
+
+
+def is_mask(node, leaf=lambda n: False) -> bool:
+    """Whether `node` (a kernel or block node) is a 0/1 mask by construction: a comparison or
+    IS_FINITE, and/or/not of masks (MUL/MAX/MIN of masks, 1 - mask), a select between masks.
+    `leaf(node)` answers for leaves (e.g. a block input tiling a mask). The enumerators take
+    SELECT predicates from masks only: any float can be one, but a spec's never is anything else.
+    """
+    op = node.op
+    if op in PREDICATES:
+        return True
+    if op in _MASK_PRESERVING:
+        return all(is_mask(s, leaf) for s in node.srcs)
+    if op is TOp.SUB:
+        first = node.srcs[0]
+        return first.op in (KOp.CONSTANT, BOp.CONSTANT) and first.arg[0] == 1.0 and \
+            is_mask(node.srcs[1], leaf)
+    if op is TOp.SELECT:
+        return is_mask(node.srcs[1], leaf) and is_mask(node.srcs[2], leaf)
+    return not node.srcs and leaf(node)
+
+
 def op_by_name(name: str, level: str):
     """The op called `name` at `level` ("kernel" or "block"), or None: used by the JSON reader."""
     structural = KOp if level == "kernel" else BOp
