@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from mugraph.codegen.layouts import Frag, Rows, Spread, ceil_div, prod, unravel
+from mugraph.codegen.layouts import MMA, Frag, Rows, Spread, c_index, ceil_div, prod, unravel
 from mugraph.codegen.placement import Ctx, Reg
 
 if TYPE_CHECKING:
     from mugraph.codegen.lower import Lowering
+
+ROW_HALF = ((1, "h"),)  # C registers 2h and 2h + 1 hold row half h (g or g + 8) of the lane's quad
 
 
 def frag_loop(lw: Lowering, f: Frag, body, *, guard: bool, coords_shape) -> list[str]:
@@ -17,11 +19,12 @@ def frag_loop(lw: Lowering, f: Frag, body, *, guard: bool, coords_shape) -> list
     v = lw.frag_var(f)
     lines = ["#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi)", "#pragma unroll",
              f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
-             f"for (int ni = 0; ni < {f.tn}; ++ni)", "#pragma unroll", "for (int q = 0; q < 4; ++q) {"]
+             f"for (int ni = 0; ni < {f.tn}; ++ni)", "#pragma unroll", f"for (int q = 0; q < {MMA.c.regs}; ++q) {{"]
     ctx = Ctx(f, tuple(coords_shape), tuple(frag_coords(coords_shape)), "[bi][mi][ni][q]", "[bi][mi][q >> 1]")
     inner = guarded(frag_valid(f) if guard else "", body(ctx), "  ")
-    return lines + consts([("b_", f"{v}b + bi"), ("r_", f"{v}m + mi * 16 + g_ + (q >> 1) * 8"),
-                           ("c_", f"{v}n + ni * 8 + t4_ * 2 + (q & 1)")], inner, "  ") + inner + ["}"]
+    row, col = c_index("q")
+    return lines + consts([("b_", f"{v}b + bi"), ("r_", f"{v}m + mi * {MMA.m} + {row}"),
+                           ("c_", f"{v}n + ni * {MMA.n} + {col}")], inner, "  ") + inner + ["}"]
 
 
 def rows_loop(lw: Lowering, f: Frag, body, *, guard: bool, coords_shape) -> list[str]:
@@ -31,7 +34,8 @@ def rows_loop(lw: Lowering, f: Frag, body, *, guard: bool, coords_shape) -> list
              f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll", "for (int h = 0; h < 2; ++h) {"]
     ctx = Ctx(Rows(f), tuple(coords_shape), tuple(frag_coords(coords_shape)), "[bi][mi][h]")
     inner = guarded(rows_valid(f) if guard else "", body(ctx), "  ")
-    return lines + consts([("b_", f"{v}b + bi"), ("r_", f"{v}m + mi * 16 + g_ + h * 8"), ("c_", "0")],
+    row = c_index(ROW_HALF)[0]
+    return lines + consts([("b_", f"{v}b + bi"), ("r_", f"{v}m + mi * {MMA.m} + {row}"), ("c_", "0")],
                           inner, "  ") + inner + ["}"]
 
 

@@ -24,7 +24,7 @@ from mugraph.codegen import accumulators, copies, elementwise, mma, reductions, 
 from mugraph.codegen import render as R
 from mugraph.codegen.arch import ArchSpec
 from mugraph.codegen.kernel_ir import InputView, KernelIR, OutputView, SmemBuffer, Step  # noqa: F401 (re-exported)
-from mugraph.codegen.layouts import WARP, Frag
+from mugraph.codegen.layouts import MMA, WARP, Frag
 from mugraph.codegen.placement import Const, Factor
 from mugraph.ir.block import BlockGraph, Phase
 from mugraph.ir.errors import InvalidGraph
@@ -119,8 +119,8 @@ class Lowering:
             v = f"f{len(self.frags)}"
             self.frags[f] = v
             self.kernel_decls.append(
-                f"const int {v}b = warp / {f.wm * f.wn} * {f.tb}, {v}m = warp / {f.wn} % {f.wm} * {f.tm * 16}, "
-                f"{v}n = warp % {f.wn} * {f.tn * 8};  // [{f.batch},{f.m},{f.n}] on {f.wb}x{f.wm}x{f.wn} warps")
+                f"const int {v}b = warp / {f.wm * f.wn} * {f.tb}, {v}m = warp / {f.wn} % {f.wm} * {f.tm * MMA.m}, "
+                f"{v}n = warp % {f.wn} * {f.tn * MMA.n};  // [{f.batch},{f.m},{f.n}] on {f.wb}x{f.wm}x{f.wn} warps")
         return self.frags[f]
 
     def group_var(self, group: int) -> tuple[str, str]:

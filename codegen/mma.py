@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from mugraph.codegen import accumulators, loops, values
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
-from mugraph.codegen.layouts import (Frag, Spread, TileLayout, broadcast, ceil_div, choose_frag, linear,
-                                     mma_tile, prod, round_up, unravel)
+from mugraph.codegen.layouts import (MMA, PATH, Frag, Spread, TileLayout, broadcast, ceil_div, choose_frag, linear,
+                                     load_address, mma_tile, prod, round_up, unravel)
 from mugraph.codegen.placement import Ctx, Reg, Tile, describe
 from mugraph.ir.block import Phase
 from mugraph.ir.dtypes import DType
@@ -190,59 +190,29 @@ def _offset(batch: str, stride: int) -> str:
 
 
 def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) -> list[str]:
+    """The k-step loop of one product: A and B fragments by ldmatrix (or A from registers), then the mmas. Every
+    lane address and register pairing is rendered from the ``PATH`` tables."""
     fv = lw.frag_var(f)
-    k = node.srcs[0].shape[-1]
-    kt = ceil_div(k, 16)
+    kt = ceil_div(node.srcs[0].shape[-1], MMA.k)
     out_shape = tuple(node.shape)
-    mma = R.MMA_C[dt]
-    cvt = R.DTYPE_C[dt].store
+    storage = R.DTYPE_C[dt].storage
     body = []
     b_expr = f"{fv}b + bi"
     if f.wb * f.tb > f.batch:
         b_expr = f"({fv}b + bi < {f.batch} ? {fv}b + bi : {f.batch - 1})"
     if a_src[0] == "smem":
         _, _, aptr, alay, ashape = a_src
-        body.append(f"const {R.DTYPE_C[dt].storage}* const a_ = {aptr}"
+        body.append(f"const {storage}* const a_ = {aptr}"
                     + _offset(_batch_map(ashape, out_shape, "b_"), alay.matrix_elems) + ";")
     _, _, bptr, blay, bshape = b_src
-    body.append(f"const {R.DTYPE_C[dt].storage}* const bb_ = {bptr}"
+    body.append(f"const {storage}* const bb_ = {bptr}"
                 + _offset(_batch_map(bshape, out_shape, "b_"), blay.matrix_elems) + ";")
     body += ["#pragma unroll", f"for (int ks = 0; ks < {kt}; ++ks) {{"]
-    inner = [f"unsigned a[{f.tm}][4], b[{f.tn}][2];"]
-    if a_src[0] == "reg":
-        src = a_src[1]
-        inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi) {{",
-                  f"  a[mi][0] = mg_pack2({cvt.format(src + '[bi][mi][2 * ks][0]')}, "
-                  f"{cvt.format(src + '[bi][mi][2 * ks][1]')});",
-                  f"  a[mi][1] = mg_pack2({cvt.format(src + '[bi][mi][2 * ks][2]')}, "
-                  f"{cvt.format(src + '[bi][mi][2 * ks][3]')});",
-                  f"  a[mi][2] = mg_pack2({cvt.format(src + '[bi][mi][2 * ks + 1][0]')}, "
-                  f"{cvt.format(src + '[bi][mi][2 * ks + 1][1]')});",
-                  f"  a[mi][3] = mg_pack2({cvt.format(src + '[bi][mi][2 * ks + 1][2]')}, "
-                  f"{cvt.format(src + '[bi][mi][2 * ks + 1][3]')});", "}"]
-    else:
-        row = f"{fv}m + mi * 16 + (lane & 15)"
-        if f.wm * f.tm * 16 > alay.rows:
-            row = f"({row} < {alay.rows} ? {row} : {alay.rows - 1})"
-        inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)",
-                  f"  mg_ldmatrix_x4(a[mi], &a_[{alay.index('0', row, 'ks * 16 + (lane >> 4) * 8')}]);"]
-    brow = "ks * 16 + (lane & 15)"
-    pairs = f.tn // 2
-    if pairs:
-        col = f"{fv}n + (2 * nj + (lane >> 4)) * 8"
-        if f.wn * f.tn * 8 > blay.cols:
-            col = f"({col} < {blay.cols} ? {col} : {blay.cols - 8})"
-        inner += ["#pragma unroll", f"for (int nj = 0; nj < {pairs}; ++nj) {{", "  unsigned t[4];",
-                  f"  mg_ldmatrix_x4_trans(t, &bb_[{blay.index('0', brow, col)}]);",
-                  "  b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];",
-                  "}"]
-    if f.tn % 2:
-        col = f"{fv}n + {f.tn - 1} * 8"
-        if f.wn * f.tn * 8 > blay.cols:
-            col = f"({col} < {blay.cols} ? {col} : {blay.cols - 8})"
-        inner.append(f"mg_ldmatrix_x2_trans(b[{f.tn - 1}], &bb_[{blay.index('0', brow, col)}]);")
+    inner = [f"unsigned a[{f.tm}][{MMA.a.regs}], b[{f.tn}][{MMA.b.regs}];"]
+    inner += _a_from_registers(f, a_src[1], dt) if a_src[0] == "reg" else _a_by_ldmatrix(f, fv, alay)
+    inner += _b_by_ldmatrix(f, fv, blay)
     inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
-              f"  for (int ni = 0; ni < {f.tn}; ++ni) {mma}({var}[bi][mi][ni], a[mi], b[ni]);"]
+              f"  for (int ni = 0; ni < {f.tn}; ++ni) {R.MMA_C[dt]}({var}[bi][mi][ni], a[mi], b[ni]);"]
     body += ["  " + line for line in inner] + ["}"]
     body = loops.consts([("b_", b_expr)], body, "") + body
     loop = ["#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi) {{"] + ["  " + x for x in body] + ["}"]
@@ -250,6 +220,54 @@ def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) ->
         return [f"if (warp < {f.used}) {{  // warps {f.used}..{f.warps - 1} hold no tile"] + \
             ["  " + x for x in loop] + ["}"]
     return loop
+
+
+def _a_from_registers(f: Frag, src: str, dt: DType) -> list[str]:
+    """A fragments packed from a previous product's C registers (PATH.a_from_c pairs them)."""
+    cvt = R.DTYPE_C[dt].store
+    per_k = MMA.k // MMA.n
+    lines = ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi) {{"]
+    for reg, halves in enumerate(PATH.a_from_c()):
+        vals = [cvt.format(f"{src}[bi][mi][{per_k} * ks{f' + {dt_}' if dt_ else ''}][{q}]") for dt_, q in halves]
+        lines.append(f"  a[mi][{reg}] = mg_pack2({', '.join(vals)});")
+    return lines + ["}"]
+
+
+def _a_by_ldmatrix(f: Frag, fv: str, alay) -> list[str]:
+    r, c = load_address("a_load")
+    row = f"{fv}m + mi * {MMA.m} + {r}"
+    if f.wm * f.tm * MMA.m > alay.rows:
+        row = f"({row} < {alay.rows} ? {row} : {alay.rows - 1})"
+    col = f"ks * {MMA.k} + {c}"
+    return ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)",
+            f"  {PATH.a_load.ld.intrinsic}(a[mi], &a_[{alay.index('0', row, col)}]);"]
+
+
+def _b_by_ldmatrix(f: Frag, fv: str, blay) -> list[str]:
+    """B fragments: ``PATH.b_wide`` fills several n-tiles per ldmatrix, ``PATH.b_one`` the odd one left."""
+    lines = []
+    wide = PATH.b_wide
+    groups = f.tn // wide.tiles
+    if groups:
+        r, c = load_address("b_wide")
+        col = _clamp_col(f, blay, f"{fv}n + nj * {wide.tiles * MMA.n} + {c}")
+        unpack = ", ".join(f"b[{wide.tiles} * nj{f' + {j // MMA.b.regs}' if j // MMA.b.regs else ''}]"
+                           f"[{j % MMA.b.regs}] = t[{j}]" for j in range(wide.ld.num))
+        lines += ["#pragma unroll", f"for (int nj = 0; nj < {groups}; ++nj) {{", f"  unsigned t[{wide.ld.num}];",
+                  f"  {wide.ld.intrinsic}(t, &bb_[{blay.index('0', f'ks * {MMA.k} + {r}', col)}]);",
+                  f"  {unpack};", "}"]
+    for tile in range(groups * wide.tiles, f.tn):
+        r, c = load_address("b_one")
+        col = _clamp_col(f, blay, f"{fv}n + {tile} * {MMA.n}" + (f" + {c}" if c != "0" else ""))
+        lines.append(f"{PATH.b_one.ld.intrinsic}(b[{tile}], &bb_[{blay.index('0', f'ks * {MMA.k} + {r}', col)}]);")
+    return lines
+
+
+def _clamp_col(f: Frag, blay, col: str) -> str:
+    """Warp tiles past the B tile's columns read its last n-tile (their results are never stored)."""
+    if f.wn * f.tn * MMA.n > blay.cols:
+        return f"({col} < {blay.cols} ? {col} : {blay.cols - MMA.n})"
+    return col
 
 
 def simt_matmul(lw: Lowering, node) -> None:

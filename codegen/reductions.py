@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from mugraph.codegen import loops, values
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
-from mugraph.codegen.layouts import WARP, Frag, Rows, Spread, linear, prod, reduce_group, unravel
+from mugraph.codegen.layouts import MMA, WARP, Frag, Rows, Spread, c_index, linear, prod, reduce_group, row_shuffles, unravel
 from mugraph.codegen.placement import Ctx, Inline, Reg, Smem, describe
 
 if TYPE_CHECKING:
@@ -50,10 +50,10 @@ def _row_reduce(lw: Lowering, x, f: Frag, comb, square: bool) -> Reg:
              "  #pragma unroll", "  for (int q = 2 * h; q < 2 * h + 2; ++q) {"]
     guard_read = reads and loops.frag_valid(f)
     inner = loops.guarded(loops.frag_valid(f) if guard_read else cond, add, "    ")
-    lines += loops.consts([("b_", f"{fv}b + bi"), ("r_", f"{fv}m + mi * 16 + g_ + h * 8"),
-                           ("c_", f"{fv}n + ni * 8 + t4_ * 2 + (q & 1)")], inner, "    ") + inner
-    lines += ["  }", f"  p_ = {comb('p_', 'mg_shfl_xor(p_, 1)')};", f"  p_ = {comb('p_', 'mg_shfl_xor(p_, 2)')};",
-              f"  {var}[bi][mi][h] = p_;", "}"]
+    lines += loops.consts([("b_", f"{fv}b + bi"), ("r_", f"{fv}m + mi * {MMA.m} + {c_index(loops.ROW_HALF)[0]}"),
+                           ("c_", f"{fv}n + ni * {MMA.n} + {c_index('q')[1]}")], inner, "    ") + inner
+    lines += ["  }"] + [f"  p_ = {comb('p_', f'mg_shfl_xor(p_, {mask})')};" for mask in row_shuffles()]
+    lines += [f"  {var}[bi][mi][h] = p_;", "}"]
     decls = [f"float {var}[{f.tb}][{f.tm}][2];"]
     lw.emit(Step("", lines, decls=decls, reads=reads, note=f"row {'max' if comb is R.MAX else 'sum'} of "
                                                               f"{describe(x)} (quad shuffles)"))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from mugraph.codegen import loops, values
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
-from mugraph.codegen.layouts import Frag, strided
+from mugraph.codegen.layouts import MMA, Frag, c_index, strided
 from mugraph.codegen.placement import Reg
 from mugraph.ir.block import AXES
 from mugraph.ir.dtypes import DType
@@ -60,8 +60,9 @@ def _pair_store(lw: Lowering, p: Reg, shape, param: str, base: str, gstrides, dt
     index = f"{base} + {strided(coords, gstrides)}"
     pair = f"mg_pack2({cvt.format(p.var + '[bi][mi][ni][2 * h]')}, {cvt.format(p.var + '[bi][mi][ni][2 * h + 1]')})"
     inner = loops.guarded(loops.frag_valid(f), [f"*(unsigned*)&{param}[{index}] = {pair};"], "  ")
+    row, col = c_index(loops.ROW_HALF)  # the pair's first register: 2h
     return ["#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi)", "#pragma unroll",
             f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll", f"for (int ni = 0; ni < {f.tn}; ++ni)",
             "#pragma unroll", "for (int h = 0; h < 2; ++h) {"] + \
-        loops.consts([("b_", f"{v}b + bi"), ("r_", f"{v}m + mi * 16 + g_ + h * 8"),
-                      ("c_", f"{v}n + ni * 8 + t4_ * 2")], inner, "  ") + inner + ["}"]
+        loops.consts([("b_", f"{v}b + bi"), ("r_", f"{v}m + mi * {MMA.m} + {row}"),
+                      ("c_", f"{v}n + ni * {MMA.n} + {col}")], inner, "  ") + inner + ["}"]
