@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from itertools import product
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Iterable, Sequence
 
 from mugraph.ir.errors import InvalidInput
@@ -407,6 +408,7 @@ class SmemLayout:
         return self.swizzle(linear) if self.swizzle else linear
 
 
+@lru_cache(maxsize=None)  # a layout checks its swizzle is a bijection when built: once per shape
 def choose_smem_layout(rows: int, cols: int, dtype_bytes: int) -> SmemLayout:
     """A layout for a tile stored by 16-byte cp.async (row-major chunk order) and read by ldmatrix.
 
