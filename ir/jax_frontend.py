@@ -47,7 +47,7 @@ from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input, kernel_iota
-from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp
+from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp, is_mask
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
 from mugraph.ir.shapes import EXACT_INTEGERS, MAX_RANK
 
@@ -112,7 +112,7 @@ def _const_node(value: float, like: KNode) -> KNode:
     _check_constant(value)
     dtype = like.dtype
     with np.errstate(over="ignore"):
-        if not np.isfinite(np.asarray(value, np.float64).astype(dtype.numpy)):
+        if math.isfinite(value) and not np.isfinite(np.asarray(value, np.float64).astype(dtype.numpy)):
             dtype = DType.FLOAT32
     return kernel_constant(value, (1,) * like.rank, dtype)
 
@@ -277,7 +277,13 @@ def _apply_binary(eqn, op: TOp, a, b):
 
 
 def _apply_select(eqn, c, a, b):
-    """SELECT(c, a, b): constants take the dtype of a tensor branch (else of the mask)."""
+    """SELECT(c, a, b): constants take the dtype of a tensor branch (else of the mask).
+    A 0/1 mask c gives where(c, 1, 0) = c and where(c, 0, 1) = 1 - c (jnp.tril of ones)."""
+    if isinstance(a, Const) and isinstance(b, Const) and is_mask(c.node) and \
+            {a.value, b.value} == {0.0, 1.0}:
+        if a.value == 1.0:
+            return View(c.node, c.labels, _out(eqn)[0])
+        return _apply_binary(eqn, TOp.SUB, Const(1.0, b.dtype, ()), c)
     views = [v for v in (a, b, c) if isinstance(v, View)]
     like = views[0].node
     nodes = [v if isinstance(v, View) else None for v in (c, a, b)]
@@ -552,6 +558,14 @@ def _with_zero(node: KNode, op: TOp):
     return a if _zero(b) else b if _zero(a) else None
 
 
+def lift_sign(eqn, x):
+    """sign(x) = where(x > 0, 1, where(x < 0, -1, x)): NaN and +-0 come through as themselves."""
+    dtype = _out(eqn)[1]
+    one, zero = Const(1.0, dtype, ()), Const(0.0, dtype, ())
+    inner = _apply_select(eqn, _apply_binary(eqn, TOp.LT, x, zero), Const(-1.0, dtype, ()), x)
+    return _apply_select(eqn, _apply_binary(eqn, TOp.GT, x, zero), one, inner)
+
+
 def lift_select_n(eqn, which, *cases):
     """jnp.where: select_n(c, false_case, true_case) is SELECT(c, true_case, false_case);
     a constant predicate picks its case (jnp.var guards its divisor like this)."""
@@ -710,7 +724,8 @@ FOLDS = {"eq": _fold_with(np.equal), "ne": _fold_with(np.not_equal), "lt": _fold
          "le": _fold_with(np.less_equal), "gt": _fold_with(np.greater),
          "ge": _fold_with(np.greater_equal), "and": _fold_with(np.logical_and),
          "or": _fold_with(np.logical_or), "not": _fold_with(np.logical_not),
-         "is_finite": _fold_with(np.isfinite)}
+         "is_finite": _fold_with(np.isfinite), "xor": _fold_with(np.logical_xor),
+         "sign": _fold_with(np.sign)}
 
 
 # ---- nested jaxprs -------------------------------------------------------------------------------
@@ -742,7 +757,7 @@ RULES = {
     "gt": _binary(TOp.GT), "ge": _binary(TOp.GE), "lt": _binary(TOp.LT), "le": _binary(TOp.LE),
     "eq": _binary(TOp.EQ), "ne": _binary(TOp.NE), "is_finite": _unary(TOp.IS_FINITE),
     "and": _logical(TOp.MUL), "or": _logical(TOp.MAX), "xor": _binary(TOp.NE), "not": lift_not,
-    "iota": lift_iota,
+    "iota": lift_iota, "sign": lift_sign,
     "convert_element_type": lift_convert_element_type,
     "stop_gradient": lift_identity, "copy": lift_identity, "copy_p": lift_identity,
     "reduce_precision": lift_identity, "optimization_barrier": lift_identity,

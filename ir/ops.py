@@ -130,6 +130,8 @@ def is_mask(node, leaf=lambda n: False) -> bool:
     op = node.op
     if op in PREDICATES:
         return True
+    if op in (KOp.CONSTANT, BOp.CONSTANT):
+        return node.arg[0] in (0.0, 1.0)
     if op in _MASK_PRESERVING:
         return all(is_mask(s, leaf) for s in node.srcs)
     if op is TOp.SUB:
