@@ -558,6 +558,28 @@ def _with_zero(node: KNode, op: TOp):
     return a if _zero(b) else b if _zero(a) else None
 
 
+# Ops whose result is +0, positive, +inf or NaN (never negative, never -0.0) when their operands are
+# (constants: >= +0.0; a predicate: 0 or 1): abs of such a value is the value itself, bit for bit.
+_NONNEGATIVE_ALWAYS = frozenset({TOp.EXP, TOp.SQUARE, TOp.ABS, TOp.SIGMOID, TOp.SOFTPLUS}) | PREDICATES
+_NONNEGATIVE_IF_OPERANDS = frozenset({TOp.ADD, TOp.MUL, TOp.DIV, TOp.MAX, TOp.MIN, KOp.REDUCE_SUM,
+                                      KOp.REDUCE_MAX, KOp.MATMUL}) | KERNEL_LAYOUT
+
+
+def _nonnegative(node: KNode) -> bool:
+    if node.op in _NONNEGATIVE_ALWAYS:
+        return True
+    if node.op is KOp.CONSTANT:
+        return node.arg[0] > 0 or (node.arg[0] == 0 and math.copysign(1.0, node.arg[0]) > 0)
+    return node.op in _NONNEGATIVE_IF_OPERANDS and all(_nonnegative(s) for s in node.srcs)
+
+
+def lift_abs(eqn, x):
+    """|x|, or x itself where x is never negative (logsumexp's log(abs(sum(exp(...)))))."""
+    if isinstance(x, View) and _nonnegative(x.node):
+        return View(x.node, x.labels, _out(eqn)[0])
+    return _apply_unary(eqn, TOp.ABS, x)
+
+
 def lift_sign(eqn, x):
     """sign(x) = where(x > 0, 1, where(x < 0, -1, x)): NaN and +-0 come through as themselves."""
     dtype = _out(eqn)[1]
@@ -752,7 +774,7 @@ RULES = {
     "neg": _unary(TOp.NEG), "exp": _unary(TOp.EXP), "log": _unary(TOp.LOG),
     "sqrt": _unary(TOp.SQRT), "rsqrt": _unary(TOp.RSQRT), "square": _unary(TOp.SQUARE),
     "logistic": _unary(TOp.SIGMOID), "tanh": _unary(TOp.TANH), "erf": _unary(TOp.ERF),
-    "erfc": lift_erfc, "abs": _unary(TOp.ABS), "expm1": _unary(TOp.EXPM1),
+    "erfc": lift_erfc, "abs": lift_abs, "expm1": _unary(TOp.EXPM1),
     "log1p": _unary(TOp.LOG1P), "exp2": lift_exp2, "integer_pow": lift_integer_pow,
     "gt": _binary(TOp.GT), "ge": _binary(TOp.GE), "lt": _binary(TOp.LT), "le": _binary(TOp.LE),
     "eq": _binary(TOp.EQ), "ne": _binary(TOp.NE), "is_finite": _unary(TOp.IS_FINITE),

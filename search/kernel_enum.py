@@ -16,6 +16,7 @@ from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TERNARY, TOp, UNARY, is_mas
 from mugraph.search.block_enum import BlockEnumerator, Goal
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
+from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
@@ -66,18 +67,25 @@ class KernelEnumerator:
         return tasks
 
     def _subsets(self, tensors, goal):
-        """Input sets for a custom op; the last kernel must read every input its targets need."""
+        """Input sets for a custom op; the last kernel must read every input its targets need.
+        Index leaves (iotas, which a kernel could compute from its position) come on top of
+        `max_block_inputs`: a causal mask adds two to the Q, K, V of an attention."""
         cfg = self.ctx.config
         needed = set()
         for expr, _ in goal.targets:
             needed |= self.ctx.pruner.variables(expr)
+        index = [i for i, t in enumerate(tensors) if is_index_leaf(t.node)]
+        plain = [i for i in range(len(tensors)) if i not in index]
+        extras = [c for k in range(len(index) + 1) for c in itertools.combinations(index, k)]
         for k in range(1, cfg.max_block_inputs + 1):
-            for subset in itertools.combinations(range(len(tensors)), k):
-                have = set()
-                for i in subset:
-                    have |= self.ctx.pruner.variables(tensors[i].expr)
-                if needed <= have:
-                    yield subset
+            for chosen in itertools.combinations(plain, k):
+                for extra in extras:
+                    subset = tuple(sorted(chosen + extra))
+                    have = set()
+                    for i in subset:
+                        have |= self.ctx.pruner.variables(tensors[i].expr)
+                    if needed <= have:
+                        yield subset
 
     def _skeletons(self, srcs, goal):
         return skeletons(srcs, self.ctx.is_reduction, final=goal.final)
