@@ -193,6 +193,9 @@ PROGRAMS = {
     "softplus_mlp": (softplus_mlp, rand(4, 8), rand(8, 16, seed=1), rand(16, 4, seed=2)),
     "where_leaky": (lambda x: jnp.where(x > 0, x, 0.3 * x), X),
     "tril": (jnp.tril, X),
+    "padding_mask_softmax": (lambda x, n: jax.nn.softmax(
+        jnp.where(jnp.arange(8)[None, :] < n[:, None], x, -jnp.inf), axis=-1),
+        rand(6, 8), np.array([1, 3, 8, 0, 5, 2], np.float32)),
     "masked_mean": (lambda x, m: jnp.sum(jnp.where(m > 0, x, 0.0), -1) / jnp.sum(m > 0, -1, x.dtype),
                     rand(6, 8), rand(6, 8, seed=3)),
 }
@@ -204,9 +207,18 @@ def test_realistic_programs_agree_with_jax_jit(name):
     lifted_agrees(fn, *arrays, rtol=1e-4)
 
 
-def test_logsumexp_keeps_its_inf_guard():
+def test_logsumexp_keeps_its_inf_guard_and_drops_the_abs_of_a_sum_of_exps():
     graph = ir.from_jax(lambda x: jax.nn.logsumexp(x, axis=-1), S((4, 8), jnp.float32))
     assert ops_of(graph)[TOp.IS_FINITE] == 1 and ops_of(graph)[TOp.SELECT] == 1
+    assert TOp.ABS not in ops_of(graph)
+
+
+@pytest.mark.parametrize("fn", [lambda x: jnp.abs(jnp.sqrt(x)), lambda x: jnp.abs(x * x),
+                                lambda x: jnp.abs(jnp.exp(x) - 1.0)])
+def test_abs_stays_where_the_value_may_be_negative_or_minus_zero(fn):
+    # sqrt(-0.0) is -0.0: abs turns it into +0.0
+    graph = lifted_agrees(fn, np.abs(X) * np.sign(X + 0.5))
+    assert TOp.ABS in ops_of(graph)
 
 
 # ---- what is still refused: typed, with the primitive, equation, source line and a hint ----------
