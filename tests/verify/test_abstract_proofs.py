@@ -53,7 +53,7 @@ def test_rms_norm_op_spec_proves_the_same_kernel():
 @pytest.mark.parametrize("mutate", ["sqrt", "mean"])
 def test_wrong_rmsnorm_kernels_are_not_proved(mutate):
     result = prove_equivalent(rmsnorm_spec(), rmsnorm_fused(mutate))
-    assert not result.proved and result.method == "z3" and result.outputs == (False,)
+    assert not result.proved and result.outputs == (False,)
 
 
 def _rms_queries():

@@ -15,7 +15,7 @@ import numpy as np
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.ops import TOp
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
-from mugraph.verify.abstract.expr import Expr, Fn, Op
+from mugraph.verify.abstract.expr import Expr, Fn, Op, stable_digest, subterms
 
 
 def _fn(e: Expr, args: list[float]) -> float:
@@ -48,6 +48,7 @@ EVAL = {
     Op.MUL: lambda e, a: float(np.prod(a)),
     Op.INV: lambda e, a: 1.0 / a[0] if a[0] else math.inf,
     Op.EXP: lambda e, a: math.exp(a[0]) if a[0] < 700 else math.inf,
+    Op.CONCAT: lambda e, a: math.nan,
     Op.MAX: lambda e, a: max(a),
     Op.MIN: lambda e, a: min(a),
     Op.POW: lambda e, a: float(np.power(np.float64(a[0]), a[1])),
@@ -89,3 +90,22 @@ def _reduce(e: Expr, arrays: dict, env: dict, memo: dict) -> float:
         if all(v.limit is None or inner[v] < v.limit.value(inner) for v in bound):
             values.append(_eval(e.args[0], arrays, inner, memo))
     return math.fsum(values) if kind == "sum" else max(values)
+
+
+# ---- evaluation with opaque leaves ------------------------------------------------------------------
+LEAVES = frozenset({Op.VAR, Op.ACCESS, Op.REDUCE, Op.FN, Op.CONCAT})
+
+
+def at_random_point(e: Expr, seed: int) -> float:
+    """`e` with every input element, reduction and opaque function an independent value in
+    [0.5, 1.5) (drawn from its digest and `seed`): the normal form as a function of its leaves."""
+    memo: dict = {}
+    for t in subterms([e]):
+        if t.op in LEAVES:
+            memo[t] = 0.5 + (stable_digest(t.digest, seed) % (1 << 30)) / float(1 << 30)
+        elif t.op is Op.CONST:
+            memo[t] = _const(t.param)
+        else:
+            with np.errstate(all="ignore"):
+                memo[t] = EVAL[t.op](t, [memo[a] for a in t.args])
+    return memo[e]
