@@ -32,6 +32,10 @@ _MEMO: dict = {}       # (node, index) -> element, shared by every check (see `E
 _MEMO_SIZE = 1 << 17
 
 
+def clear_memo() -> None:
+    _MEMO.clear()
+
+
 def _clip(shape, index) -> tuple:
     """The canonical index of an element: 0 in every dim of size 1."""
     if len(index) != len(shape):

@@ -35,9 +35,13 @@ def default_rlimit() -> int:
 
 
 def clear_caches() -> None:
+    """Forget every memoised answer (pruning and the formal check's element expressions)."""
+    from mugraph.verify.abstract import elements, reductions
     _MEMO.clear()
     _INDEXES.clear()
     STATS.clear()
+    elements.clear_memo()
+    reductions.clear_memo()
 
 
 # ---- the per-spec index ----------------------------------------------------------------------------

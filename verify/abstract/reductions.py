@@ -38,6 +38,10 @@ _MEMO: dict = {}
 _MEMO_SIZE = 1 << 16
 
 
+def clear_memo() -> None:
+    _MEMO.clear()
+
+
 # ---- walking expressions that hold indices ---------------------------------------------------------
 _FREE: "weakref.WeakKeyDictionary[Expr, frozenset]" = weakref.WeakKeyDictionary()
 
