@@ -353,7 +353,7 @@ ENCODE = {
     Op.POW: lambda e, s: power(s[0], s[1]),
     Op.FN: lambda e, s: opaque(e.param[0], tuple(e.param[1:]), len(s))(*s),
     Op.CONCAT: lambda e, s: _fold_right(concat, s),
-    Op.REDUCE: lambda e, s: _reduction(e.param)(s[0]),
+    Op.REDUCE: lambda e, s: _reduction(e),
 }
 
 
@@ -363,15 +363,12 @@ def _tensor(name: str, rank: int) -> z3.FuncDeclRef:
     return _declared(("tensor", name, rank), lambda: z3.Function(f"tensor {name}", *[z3.IntSort()] * rank, T))
 
 
-def _reduction(param) -> z3.FuncDeclRef:
-    """One uninterpreted function per reduction (kind, bound variables and their ranges).
-
-    Congruence is the only fact Z3 has about it: equal bodies, equal reductions. The bound
-    variables are named by their full range, so a proof that two bodies are equal holds for
-    every value in that range, which is what makes the reductions equal.
-    """
-    return _declared(("reduce", param), lambda: z3.Function(f"reduce#{len(_FUNCTIONS)} {param!r}",
-                                                           T, T))
+def _reduction(e: Expr) -> z3.ExprRef:
+    """One opaque value per canonical reduction (`reductions.py`): Z3 may take two reductions
+    as equal only when they are the same canonical form, which is when they are equal. (No
+    congruence over bodies: a body's bound variables would be Z3 constants, and equal bodies at
+    one value of them say nothing about the rest of the range.)"""
+    return _declared(("reduce", e), lambda: z3.Const(f"reduce#{len(_FUNCTIONS)}", T))
 
 
 def _declared(key, make):
@@ -382,7 +379,7 @@ def _declared(key, make):
 
 
 def index_var(v) -> z3.ArithRef:
-    """The Z3 integer of an index variable: one per variable and range (see `_reduction`)."""
+    """The Z3 integer of an index variable: one per variable and range."""
     return _declared(("index", v), lambda: z3.Int(f"#{len(_FUNCTIONS)} {v!r}"))
 
 

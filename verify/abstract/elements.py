@@ -190,6 +190,9 @@ def elementwise(lw: Elements, node, index, read) -> Expr:
 
 
 def _constant(lw: Elements, node, index, read) -> Expr:
+    """A finite constant; inf and NaN would meet real-number laws (inf - inf = 0) they break."""
+    if not math.isfinite(node.arg[0]):
+        raise Unproved(f"constant {node.arg[0]!r}: IEEE special values are not modelled")
     return E.const(node.arg[0])
 
 

@@ -4,9 +4,9 @@ What is proved. For each output, symbolic index variables i_0.. range over its s
 graphs' element at (i_0, ..) is lowered to an `Expr` over input elements (`elements.py`: the
 schedule of every custom op read literally: imap, fmap, omap, grid, loop, accumulators) and
 put in canonical form (`reductions.py`); the two are then compared by the normaliser
-(`normalize.py`) and, when both read the same input elements, by Z3 (`axioms.py`) with the
-index ranges as hypotheses, the tensors as uninterpreted functions of integer indices and each
-reduction an uninterpreted function of its body. "proved" means every output is proved for
+(`normalize.py`) and, when both read the same input elements and reductions, by Z3
+(`axioms.py`) with the index ranges as hypotheses, the tensors as uninterpreted functions of
+integer indices and each canonical reduction an opaque value. "proved" means every output is proved for
 every index in range; anything else is "not proved", with the reason.
 
 Why each step is sound:
@@ -17,9 +17,9 @@ Why each step is sound:
     non-empty ranges (listed in `reductions.py`, each tested numerically), and the normaliser's
     steps are identities of real arithmetic (its index-free sum laws are never used: element
     expressions hold no `Op.SUM`);
-  * Z3 only uses the laws of `axioms.py` (each checked on random floats), congruence, and the
-    range facts; a reduction's bound variables are named by their range, so equal bodies mean
-    equal bodies at every point of that range.
+  * Z3 only uses the laws of `axioms.py` (each checked on random floats), congruence of the
+    tensors and opaque functions, and the ranges of the output's index variables; a proof holds
+    for every value of those and every value of the opaque reductions, so for the real ones.
 
 What is modelled: real arithmetic. Not modelled: rounding and storage dtypes (an fp16 output
 equals its real value), IEEE special values (inf/NaN arithmetic, 0 * inf), and division by zero
@@ -43,7 +43,7 @@ from mugraph.verify.abstract.elements import Elements, MAX_REFINES
 from mugraph.verify.abstract.evaluate import at_random_point
 from mugraph.verify.abstract.expr import Expr, Op
 from mugraph.verify.abstract.indices import ZERO, Aff, IVar, Refine, Unproved, split
-from mugraph.verify.abstract.reductions import indices
+from mugraph.verify.abstract.reductions import free_vars
 
 DEFAULT_SECONDS = 30.0     # wall-clock budget of one prove_equivalent call (lowering and Z3)
 
@@ -142,7 +142,7 @@ def compare(piece: Piece, rlimit: int, deadline: float = math.inf) -> tuple[bool
         return False, "normaliser", "the normal forms differ as functions of their leaves"
     if time.perf_counter() > deadline:
         return False, "normaliser", "timeout"
-    variables = {v for e in (piece.spec, piece.candidate) for a in indices(e) for v in a.vars}
+    variables = free_vars(piece.spec) | free_vars(piece.candidate)
     if z3_equal(piece.spec, piece.candidate, rlimit, index_ranges(sorted(variables,
                                                                         key=lambda v: v.key))):
         return True, "z3", "z3"
