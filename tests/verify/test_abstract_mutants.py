@@ -68,3 +68,27 @@ def test_the_oracle_separates_what_it_must():
     mutant = generate_mutants(reference, seed=0, limit=1, scale=w.input_scale).mutants[0]
     assert oracle_equivalent(reference, reference)
     assert not oracle_equivalent(reference, mutant.graph)
+
+
+def _liftable_programs():
+    from mugraph import generality
+    from mugraph.ir.errors import UnsupportedOp
+    found = []
+    for name in generality.names():
+        p = generality.get(name).small()
+        try:
+            found.append((name, p.spec(), p.input_scale))
+        except UnsupportedOp:       # programs whose ops the front end does not lift yet
+            continue
+    return found
+
+
+def test_no_spec_mutant_of_the_generality_suite_is_proved():
+    """Programs no kernel was hand-written for: each spec is proved equal to itself, and none of
+    its first mutants (in the generator's seeded order) is proved."""
+    programs = _liftable_programs()
+    assert len(programs) >= 20
+    for name, spec, scale in programs:
+        assert prove_equivalent(spec, spec).proved, name
+        found = generate_mutants(spec, seed=5, limit=12, scale=scale)
+        assert assert_proved_implies_equivalent(spec, found.mutants) == 0, name
