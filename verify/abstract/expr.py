@@ -5,6 +5,8 @@ shape) and constants (the exact rational value of the float). Subtraction, negat
 have one canonical encoding each: `a - b = a + (-1)*b`, `-a = (-1)*a`, `a / b = a * inv(b)`.
 `SUM(n, x)` and `MAXR(n, x)` reduce n elements; everything without algebraic laws is an opaque
 `FN` application. Structurally equal terms are the same object, so they are free cache keys.
+The index-aware formal check (`prove.py`) adds two heads that keep indices: `ACCESS` (one input
+element) and `REDUCE` (a sum or max over index variables); the search never builds them.
 """
 from __future__ import annotations
 

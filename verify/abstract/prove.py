@@ -93,6 +93,8 @@ def _prove_output(lw: Elements, spec_node, cand_node, rlimit: int) -> tuple[bool
         pieces = element_pieces(lw, spec_node, cand_node)
     except Unproved as e:
         return False, "normaliser", e.reason
+    except RecursionError:
+        return False, "normaliser", "the element expressions nest too deeply"
     how = "normaliser"
     for piece in pieces:
         ok, method, why = compare(piece, rlimit, lw.deadline)
