@@ -360,7 +360,8 @@ ENCODE = {
 # ---- the index-aware check's terms: tensors of integer indices, reductions of a body --------------
 def _tensor(name: str, rank: int) -> z3.FuncDeclRef:
     """One uninterpreted function per input tensor: its elements, by integer index."""
-    return _declared(("tensor", name, rank), lambda: z3.Function(f"tensor {name}", *[z3.IntSort()] * rank, T))
+    return _declared(("tensor", name, rank),
+                     lambda: z3.Function(f"tensor#{len(_FUNCTIONS)} {name}", *[z3.IntSort()] * rank, T))
 
 
 def _reduction(e: Expr) -> z3.ExprRef:

@@ -242,6 +242,15 @@ def _input(lw: Elements, node: KNode, index, read) -> Expr:
     return Expr(Op.ACCESS, (), (node.arg[0], tuple(index)))
 
 
+IOTA = ("iota",)   # the "tensor" whose element at i is i: no input name (a str) equals it
+
+
+def _iota(lw: Elements, node: KNode, index, read) -> Expr:
+    """An index tensor's element: its index along `dim`, an uninterpreted function of it."""
+    dim = node.arg[1]
+    return Expr(Op.ACCESS, (), (IOTA, (index[dim],)))
+
+
 def _transpose(lw: Elements, node: KNode, index, read) -> Expr:
     src = [ZERO] * len(index)
     for k, p in enumerate(node.arg):
@@ -302,6 +311,8 @@ KERNEL_ELEMENT = {
     KOp.CONCAT: _concat,
     KOp.CUSTOM: _custom,
 }
+if hasattr(KOp, "IOTA"):   # the index op arrives with the comparison and mask ops
+    KERNEL_ELEMENT[KOp.IOTA] = _iota
 BLOCK_ELEMENT: dict = {}   # block-only structural ops other than inputs and accumulators
 
 

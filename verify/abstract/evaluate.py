@@ -70,7 +70,8 @@ def _eval(e: Expr, arrays: dict, env: dict, memo: dict) -> float:
         value = _const(e.param)
     elif e.op is Op.ACCESS:
         name, index = e.param
-        value = float(arrays[name][tuple(a.value(env) for a in index)])
+        at = tuple(a.value(env) for a in index)
+        value = float(at[0]) if name == ("iota",) else float(arrays[name][at])
     elif e.op is Op.REDUCE:
         value = _reduce(e, arrays, env, memo)
     elif e.op in EVAL:
