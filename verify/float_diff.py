@@ -17,7 +17,10 @@ elements (in own precision at least the output dtype's smallest normal, below wh
 results have no relative precision). In the `large` case, a range test, elements where the
 reference (the float64 spec, or the own-dtype run) overflowed are not compared either: a kernel
 that keeps them finite is not wrong; wherever the program's own run is right, a kernel that
-loses range is.
+loses range is. Against jax.jit, elements the spec itself cannot hold in its own dtypes are not
+compared either, and are counted apart (`spec_lost`): the front end elides float casts, so a
+spec lifted from fp16 JAX code stores in fp16 what JAX computed in fp32 (x*x before a mean), and
+the IR has no cast op to do otherwise; a candidate is held to what its spec can hold.
 
 Cases (`CASES`), each meaningful for the program at hand (`special_inputs`):
 * random: N(0, 1) · scale, the scale halved until the reference is finite;
@@ -83,19 +86,26 @@ class ModeResult:
     case: str = "random"
     reference: str = "spec"        # what the candidate was compared with
     skipped: int = 0               # elements not compared, all outputs
+    spec_lost: int = 0             # of those, where jax.jit(fn) is right and the lifted spec not
 
-    def __str__(self) -> str:
+    def detail(self) -> str:
+        """The worst element and what was not compared."""
         w = self.worst
-        state = "ok" if self.passed else "FAILED"
-        head = f"{self.case} {self.mode}"
         if w is None:
-            return f"{head}: {state}"
+            return "no outputs"
         where = (f"output {w.output} at {w.index}: candidate {w.candidate_value!r}, "
                  f"expected {w.spec_value!r}")
         tolerance = self.tolerances[w.output]
         detail = w.message or f"relative error {w.error:.3g} (tolerance {tolerance:g})"
         skipped = f"; {self.skipped} elements not compared" if self.skipped else ""
-        return f"{head}: {state}, {detail}; {where}{skipped}; {self.seconds:.2f}s"
+        if self.spec_lost:
+            skipped += (f", {self.spec_lost} of them where {self.reference} is right and the spec "
+                        f"as lifted is not (its 16-bit intermediates: float casts are elided)")
+        return f"{detail}; {where}{skipped}"
+
+    def __str__(self) -> str:
+        state = "ok" if self.passed else "FAILED"
+        return f"{self.case} {self.mode}: {state}, {self.detail()}; {self.seconds:.2f}s"
 
 
 @dataclass(frozen=True)
@@ -143,14 +153,36 @@ class FloatResult:
         ran = [m for m in self.modes if m.mode == name]
         failed = [m for m in ran if not m.passed]
         if failed:
-            return max(failed, key=lambda m: m.worst.error / m.tolerances[m.worst.output])
+            return max(failed, key=_badness)
         return next(m for m in ran if m.case == "random") if any(m.case == "random" for m in ran) \
             else ran[0]
 
+    def summary(self, name: str) -> str:
+        """One line for mode `name` over every case: the verdict, the worst result, the time."""
+        ran = [m for m in self.modes if m.mode == name]
+        failed = [m.case for m in ran if not m.passed]
+        state = "ok" if not failed else f"FAILED in {', '.join(failed)}"
+        against = f" against {self.reference}" if name == "own" else ""
+        worst = max(ran, key=_badness)
+        skipped = sum(m.skipped for m in ran)
+        lost = sum(m.spec_lost for m in ran)
+        extra = f"; {skipped} elements not compared in all" if skipped else ""
+        extra += f" ({lost} where the spec as lifted loses range jax.jit(fn) keeps)" if lost else ""
+        return (f"{name}: {state}{against}; worst ({worst.case}): {worst.detail()}{extra}; "
+                f"{sum(m.seconds for m in ran):.2f}s")
+
     def __str__(self) -> str:
-        head = (f"float (own precision against {self.reference}; scale {self.scale:g}; special "
-                f"values: {', '.join(self.special_cases) or 'none'})")
-        return "\n".join([head] + [f"  {line}" for c in self.cases for line in str(c).splitlines()])
+        names = list(dict.fromkeys(m.mode for m in self.modes))
+        skipped = [f"{c.case} skipped: {c.skipped}" for c in self.cases if c.skipped]
+        cases = ", ".join(c.case for c in self.cases if not c.skipped)
+        lines = [f"float {self.summary(n)}" for n in names]
+        lines.append(f"float cases: {cases} (scale {self.scale:g})"
+                     + (f"; {'; '.join(skipped)}" if skipped else ""))
+        return "\n".join(lines)
+
+
+def _badness(m: ModeResult) -> float:
+    return m.worst.error / m.tolerances[m.worst.output] if m.worst is not None else 0.0
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -352,6 +384,7 @@ class Reference:
     own_skip: list                 # per output: boolean array or None
     own_name: str
     own_run: list                  # the own-precision run itself (jax.jit(fn), or the spec's)
+    spec_lost: int = 0             # skipped: jax.jit(fn) holds them, the spec as lifted does not
 
 
 def _run(graph, inputs, mode):
@@ -371,22 +404,29 @@ def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
     """The reference outputs of one case (see the module docstring for what is not compared)."""
     f64 = _run(spec, inputs, "float64")
     origin = jax_origin(spec)
+    spec_own = _run(spec, inputs, "own")
     run, name = ((_jax_outputs(spec, origin, inputs), "jax.jit(fn)") if origin is not None
-                 else (_run(spec, inputs, "own"), "spec"))
-    expected, skip = zip(*(_own_expected(node, e, r, case in RANGE_CASES)
-                           for node, e, r in zip(spec.outputs, f64, run)))
-    return Reference(f64, list(expected), list(skip), name, run)
+                 else (spec_own, "spec"))
+    range_case = case in RANGE_CASES
+    expected, skip, lost = [], [], 0
+    for node, e, r, o in zip(spec.outputs, f64, run, spec_own):
+        want, held = _own_expected(node, e, r, range_case)
+        spec_held = held if r is o else _own_expected(node, e, o, range_case)[1]
+        lost += int(np.sum(held & ~spec_held))
+        expected.append(want)
+        skip.append(~(held & spec_held))
+    return Reference(f64, expected, skip, name, run, lost)
 
 
 def _own_expected(node, f64, run, range_case: bool):
-    """What the candidate's own-precision output must be, and which elements are not compared.
+    """What the candidate's own-precision output must be, and the elements `run` vouches for.
 
     Where the program's own run (`run`) and the float64 spec are the same NaN or ±inf, the
-    candidate must be too (in a range case such elements are not compared). Where `run` is
-    finite and within the output's tolerance of the float64 spec, the candidate is held to the
-    float64 value (`run` carries rounding of its own). Elsewhere `run` ran out of range or
-    precision (an overflow that ended finite, as x / inf = 0; an underflow to 0 that met an inf
-    and made a NaN the float64 spec does not have): no kernel is held to its answer there.
+    candidate must be too (not in a range case). Where `run` is finite and within the output's
+    tolerance of the float64 spec, the candidate is held to the float64 value (`run` carries
+    rounding of its own). Elsewhere `run` ran out of range or precision (an overflow that ended
+    finite, as x / inf = 0; an underflow to 0 that met an inf and made a NaN the float64 spec
+    does not have): no kernel is held to its answer there.
     """
     f64, run = np.asarray(f64, np.float64), np.asarray(run, np.float64)
     finite = np.isfinite(f64) & np.isfinite(run)
@@ -395,8 +435,8 @@ def _own_expected(node, f64, run, range_case: bool):
     with np.errstate(invalid="ignore"):
         right = finite & (np.abs(np.where(finite, run - f64, 0.0)) <= OWN_TOLERANCE[node.dtype] * scale)
     special = ~np.isfinite(run) & ((run == f64) | (np.isnan(run) & np.isnan(f64)))
-    skip = ~right & ~special if not range_case else ~right
-    return np.where(right, f64, np.where(special, run, 0.0)), skip
+    held = right if range_case else right | special
+    return np.where(right, f64, np.where(special, run, 0.0)), held
 
 
 def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
@@ -417,7 +457,7 @@ def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
     worst = max(diffs, key=lambda d: d.error / tolerances[d.output]) if diffs else None
     passed = all(d.error <= t for d, t in zip(diffs, tolerances))
     return ModeResult(mode, passed, worst, tolerances, time.perf_counter() - start, case, name,
-                      sum(d.skipped for d in diffs))
+                      sum(d.skipped for d in diffs), ref.spec_lost if mode == "own" else 0)
 
 
 def usable_inputs(spec: KernelGraph, seed: int, scale: float):
