@@ -520,12 +520,20 @@ def _run_case(spec, candidate, case, base, base_ref, seed, scale, modes) -> Case
 
 
 def float_diff(spec: KernelGraph, candidate: KernelGraph, *, seed: int = 0, scale: float = 1.0,
-               modes=MODES, cases=CASES) -> FloatResult:
-    """Run the candidate in each of `modes` against the spec's references on every case's inputs."""
+               modes=MODES, cases=CASES, stop_at_failure: bool = True) -> FloatResult:
+    """Run the candidate in each of `modes` against the spec's references on every case's inputs.
+
+    With `stop_at_failure`, the cases after the first that fails are not run (listed as such).
+    """
     start = time.perf_counter()
     _check_arguments(spec, candidate, modes, cases)
     scale, base, base_ref = usable_inputs(spec, seed, scale)
-    results = tuple(_run_case(spec, candidate, c, base, base_ref, seed, scale, modes)
-                    for c in cases)
-    return FloatResult(all(r.passed for r in results), results, scale, seed,
+    results, failed = [], None
+    for case in cases:
+        if failed is not None and stop_at_failure:
+            results.append(CaseResult(case, "", (), skipped=f"not run: the {failed} case failed"))
+            continue
+        results.append(_run_case(spec, candidate, case, base, base_ref, seed, scale, modes))
+        failed = failed or (None if results[-1].passed else case)
+    return FloatResult(all(r.passed for r in results), tuple(results), scale, seed,
                        time.perf_counter() - start, base_ref.own_name)
