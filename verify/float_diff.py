@@ -4,14 +4,15 @@ Each case is one set of inputs, run in two modes:
 * float64: the candidate in float64 against the spec in float64 (any difference beyond rounding is
   a bug: tolerance 1e-9); NaN and ±inf must sit exactly where the spec has them;
 * own: the candidate in its own dtypes (fp32 arithmetic and accumulation, 16-bit storage, as the
-  generated kernels do; 1e-4 for fp32 outputs, 1e-2 for fp16/bf16) against the program as its
-  dtypes compute it: `jax.jit(fn)` on the same inputs when the spec was traced from JAX
-  (`ir.origin`), else the spec run in its own dtypes. Where that run and the float64 spec are
-  the same NaN or ±inf, the candidate must be that NaN or ±inf. Where the run is finite and
-  within tolerance of the float64 spec, the candidate is held to the float64 value (the run
-  carries rounding of its own). Where it ran out of range or precision (an overflow that ended
-  finite, as x / inf = 0), no kernel is held to its answer: those elements are not compared,
-  and counted.
+  generated kernels do; 1e-4 for fp32 outputs, 1e-2 for fp16/bf16), held to the float64 spec's
+  values, beside the program as its dtypes compute it: `jax.jit(fn)` on the same inputs when the
+  spec was traced from JAX (`ir.origin`), else the spec run in its own dtypes. On random inputs
+  jax.jit(fn) must agree with the float64 spec within tolerance (else the spec is not the JAX
+  program, and nothing is verified). On special-value inputs, where that run and the float64
+  spec are the same NaN or ±inf, the candidate must be that NaN or ±inf; where the run is finite
+  and within tolerance of the float64 spec, the candidate must be too; where it ran out of range
+  or precision (an overflow that ended finite, as x / inf = 0), no kernel is held to its answer:
+  those elements are not compared, and counted.
 The error of an output is max|candidate − expected| / max|expected| over the compared finite
 elements (in own precision at least the output dtype's smallest normal, below which 16-bit
 results have no relative precision). In the `large` case, a range test, elements where the
@@ -93,15 +94,15 @@ class ModeResult:
         w = self.worst
         if w is None:
             return "no outputs"
-        where = (f"output {w.output} at {w.index}: candidate {w.candidate_value!r}, "
-                 f"expected {w.spec_value!r}")
+        where = (f"; output {w.output} at {w.index}: candidate {w.candidate_value!r}, "
+                 f"expected {w.spec_value!r}") if w.index is not None else ""
         tolerance = self.tolerances[w.output]
         detail = w.message or f"relative error {w.error:.3g} (tolerance {tolerance:g})"
         skipped = f"; {self.skipped} elements not compared" if self.skipped else ""
         if self.spec_lost:
             skipped += (f", {self.spec_lost} of them where {self.reference} is right and the spec "
                         f"as lifted is not (its 16-bit intermediates: float casts are elided)")
-        return f"{detail}; {where}{skipped}"
+        return f"{detail}{where}{skipped}"
 
     def __str__(self) -> str:
         state = "ok" if self.passed else "FAILED"
@@ -385,6 +386,7 @@ class Reference:
     own_name: str
     own_run: list                  # the own-precision run itself (jax.jit(fn), or the spec's)
     spec_lost: int = 0             # skipped: jax.jit(fn) holds them, the spec as lifted does not
+    disagreement: Difference | None = None   # random case: jax.jit(fn) is not the float64 spec
 
 
 def _run(graph, inputs, mode):
@@ -407,28 +409,46 @@ def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
     spec_own = _run(spec, inputs, "own")
     run, name = ((_jax_outputs(spec, origin, inputs), "jax.jit(fn)") if origin is not None
                  else (spec_own, "spec"))
-    range_case = case in RANGE_CASES
     expected, skip, lost = [], [], 0
     for node, e, r, o in zip(spec.outputs, f64, run, spec_own):
-        want, held = _own_expected(node, e, r, range_case)
-        spec_held = held if r is o else _own_expected(node, e, o, range_case)[1]
+        want, held = _own_expected(node, e, r, case)
+        spec_held = held if r is o else _own_expected(node, e, o, case)[1]
         lost += int(np.sum(held & ~spec_held))
         expected.append(want)
         skip.append(~(held & spec_held))
-    return Reference(f64, expected, skip, name, run, lost)
+    disagreement = _disagreement(spec, f64, run) if origin is not None and case == "random" \
+        else None
+    return Reference(f64, expected, skip, name, run, lost, disagreement)
 
 
-def _own_expected(node, f64, run, range_case: bool):
+def _disagreement(spec, f64, run) -> Difference | None:
+    """Where jax.jit(fn) and the float64 spec differ beyond the output's tolerance on random
+    inputs: the spec is not the program jax.jit runs (a lifting error), so nothing is verified."""
+    for i, (node, e, r) in enumerate(zip(spec.outputs, f64, run)):
+        d = compare(e, r, i, floor=float(_finfo(node.dtype).smallest_normal))
+        if d.error > OWN_TOLERANCE[node.dtype]:
+            return Difference(np.inf, i, None, d.spec_value, d.candidate_value,
+                              f"jax.jit(fn) gives {d.candidate_value!r} at output {i} {d.index} where "
+                              f"the float64 spec gives {d.spec_value!r} (relative error {d.error:.3g}): "
+                              "the spec is not the program jax.jit runs")
+    return None
+
+
+def _own_expected(node, f64, run, case: str):
     """What the candidate's own-precision output must be, and the elements `run` vouches for.
 
-    Where the program's own run (`run`) and the float64 spec are the same NaN or ±inf, the
-    candidate must be too (not in a range case). Where `run` is finite and within the output's
-    tolerance of the float64 spec, the candidate is held to the float64 value (`run` carries
-    rounding of its own). Elsewhere `run` ran out of range or precision (an overflow that ended
-    finite, as x / inf = 0; an underflow to 0 that met an inf and made a NaN the float64 spec
-    does not have): no kernel is held to its answer there.
+    Random case: the float64 value everywhere but where `run` overflowed and the float64 spec
+    did not. Other cases: where the program's own run (`run`) and the float64 spec are the same
+    NaN or ±inf, the candidate must be too (not in a range case). Where `run` is finite and
+    within the output's tolerance of the float64 spec, the candidate is held to the float64
+    value (`run` carries rounding of its own). Elsewhere `run` ran out of range or precision (an
+    overflow that ended finite, as x / inf = 0; an underflow to 0 that met an inf and made a NaN
+    the float64 spec does not have): no kernel is held to its answer there.
     """
     f64, run = np.asarray(f64, np.float64), np.asarray(run, np.float64)
+    if case == "random":
+        return f64, ~(np.isfinite(f64) & ~np.isfinite(run))
+    range_case = case in RANGE_CASES
     finite = np.isfinite(f64) & np.isfinite(run)
     scale = max(float(np.max(np.abs(f64[finite]), initial=0.0)),
                 float(_finfo(node.dtype).smallest_normal))
@@ -454,8 +474,10 @@ def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
     floors = [TINY if mode == "float64" else float(_finfo(o.dtype).smallest_normal)
               for o in candidate.outputs]
     diffs = [compare(e, g, i, s, f) for i, (e, g, s, f) in enumerate(zip(expected, got, skip, floors))]
+    if mode == "own" and ref.disagreement is not None:
+        diffs.append(ref.disagreement)
     worst = max(diffs, key=lambda d: d.error / tolerances[d.output]) if diffs else None
-    passed = all(d.error <= t for d, t in zip(diffs, tolerances))
+    passed = all(d.error <= tolerances[d.output] for d in diffs)
     return ModeResult(mode, passed, worst, tolerances, time.perf_counter() - start, case, name,
                       sum(d.skipped for d in diffs), ref.spec_lost if mode == "own" else 0)
 

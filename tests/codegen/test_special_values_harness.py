@@ -57,7 +57,7 @@ def _fused_layernorm(rows=4, n=256):
     mean = x.sum(1) / float(n)
     d = x - mean
     var = (d * d).sum(1) / float(n)
-    (out,) = b.finish([(d * (var + 1e-5).rsqrt(), (0,))])
+    (out,) = b.finish([(d * (var + float(np.float16(1e-5))).rsqrt(), (0,))])  # eps as fp16 JAX adds it
     return ir.KernelGraph([out], [X])
 
 
