@@ -38,6 +38,7 @@ from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input
 from mugraph.ir.ops import KOp, TOp
+from mugraph.ir.origin import record_jax_origin
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
 from mugraph.ir.shapes import MAX_RANK
 
@@ -802,7 +803,9 @@ def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGr
         output_names = _check_names(output_names, len(nodes), "output_names")
     else:
         output_names = _dict_output_names(out_shape, len(nodes))
-    return KernelGraph(nodes, inputs=inputs, output_names=output_names)
+    graph = KernelGraph(nodes, inputs=inputs, output_names=output_names)
+    record_jax_origin(graph, fn, example_args)  # the float test compares with jax.jit(fn)
+    return graph
 
 
 def _dict_output_names(out_shape, count: int):

@@ -440,6 +440,20 @@ def _library_kernel(name: str, node: KNode, t: Target, launch: float) -> KernelE
     return KernelEstimate(name, kind, seconds, hbm, tc, simt, 0, 0, 0, 0, bound)
 
 
+def fused_kernel(name: str, reads, write_bytes: int, tc_flops: int, simt_flops: int,
+                 target="h100", *, cuda_graph: bool = False) -> KernelEstimate:
+    """One vendor-style kernel (a library call, an XLA fusion) that reads the tensors `reads` once
+    each (a layout view counts as its root, constants are free) and writes `write_bytes`: the
+    library-kernel formula of the module docstring. Used by `search.baseline`."""
+    t = get_target(target)
+    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    hbm = sum(_unique_bytes(r) for r in {_root(n) for n in reads}) + write_bytes
+    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
+                              "compute": max(tc_flops / t.tc_flops, simt_flops / t.simt_flops)},
+                             launch)
+    return KernelEstimate(name, "library", seconds, hbm, tc_flops, simt_flops, 0, 0, 0, 0, bound)
+
+
 def _distinct_tiles(mapped, grid, concurrent: int) -> int:
     """Distinct tiles of one input among `concurrent` consecutive blocks (x fastest)."""
     distinct, stride = 1, 1
