@@ -72,6 +72,10 @@ ELEMENTWISE_FLOPS: dict[TOp, int] = {
     TOp.ERF: 16,                     # polynomial approximation with an exp
     TOp.GELU: 20,                    # erf + 3 muls/adds
     TOp.POW: 11,                     # lg2 + mul + ex2
+    TOp.ABS: 1, TOp.IS_FINITE: 2, TOp.SELECT: 1, TOp.LEAKY_RELU: 2,
+    TOp.GT: 1, TOp.GE: 1, TOp.LT: 1, TOp.LE: 1, TOp.EQ: 1, TOp.NE: 1,
+    TOp.LOG1P: 8, TOp.EXPM1: 8,      # lg2/ex2 (MUFU) + a correction polynomial
+    TOp.SOFTPLUS: 15,                # max + abs + exp + log1p + add
 }
 
 
