@@ -228,6 +228,11 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
     ranked.sort(key=_rank_key)
     verification, rejected = None, 0
     while ranked:
+        if ranked[0].graph is spec:
+            # the program itself is its own reference: nothing to verify, and a float test of
+            # a 16-bit program against float64 can fail for the program itself (bf16 softmax)
+            verification = None
+            break
         # a cheap exact test first: a structure that fails at the real shapes is not worth the
         # full check (several float and finite-field runs)
         if quick_equivalent(spec, ranked[0].graph, seed=config.seed):
