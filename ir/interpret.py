@@ -20,6 +20,7 @@ from mugraph.ir.node import BNode, KNode
 from mugraph.ir.ops import BOp, KOp, TOp
 from mugraph.ir.semantics import FLOAT64, OWN_DTYPE
 from mugraph.ir.shapes import mma_dtype
+from mugraph.ir.thread import evaluate
 
 F32 = DType.FLOAT32
 
@@ -161,6 +162,7 @@ BLOCK_EVAL = {
     BOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg + LEAD, F32),
     BOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg + LEAD, F32),
     BOp.RMS_NORM: lambda sem, n, s: _rms_norm(sem, n, s[0], F32, lead=LEAD),
+    BOp.THREAD: lambda sem, n, s: evaluate(n, s, lambda m, v: BLOCK_EVAL[m.op](sem, m, v)),
 } | {op: _block_elementwise for op in TOp}
 
 
