@@ -44,6 +44,7 @@ from mugraph.ir.node import KNode, toposort
 from mugraph.ir.ops import (ACCUMULATORS, BLOCK_LEAF, BLOCK_REDUCE, BOp, KERNEL_LAYOUT,
                             KERNEL_LEAF, KOp, LAST_DIM_ACCUMULATORS, TOp)
 from mugraph.ir.shapes import mma_dtype
+from mugraph.ir.thread import ops_of
 from mugraph.search.targets import Target, get_target
 
 # ---- what the code generator plans (keep in step with codegen's shared-memory planner) ----------
@@ -227,6 +228,8 @@ def block_node_flops(node) -> tuple[int, int]:
         return 0, _norm_flops(node.shape, node.arg[0])
     if op in ACCUMULATORS:
         return 0, _acc_flops(node)
+    if op is BOp.THREAD:
+        return 0, sum(ELEMENTWISE_FLOPS[t.op] for t in ops_of(node.arg)) * _elems(node.shape)
     return 0, 0
 
 
