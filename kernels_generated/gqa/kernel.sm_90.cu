@@ -193,18 +193,23 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   }
 }
 
-// mg_kernel1: grid (2, 16, 1) x 128 threads, forloop 16; 8320 bytes of dynamic shared memory
-//   sm0 [0, 8192) input 0 tile [1, 16, 64] x 4 stages
-//   sm2 [0, 64) acc_sum[1, 16, 1] (fp32)
-//   sm1 [8192, 8320) input 1 tile [1, 16, 1] x 4 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, mg_half* __restrict__ p2) {
+// mg_kernel1: grid (2, 16, 1) x 128 threads, forloop 16; 16640 bytes of dynamic shared memory
+//   sm0 [0, 16384) input 0 tile [1, 16, 64] x 8 stages
+//   sm2 [0, 16) whether this CTA finishes the block
+//   sm3 [0, 64) acc_sum[1, 16, 1] (fp32)
+//   sm1 [16384, 16640) input 1 tile [1, 16, 1] x 8 stages
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, mg_half* __restrict__ p2, float* __restrict__ mg_ws, unsigned* __restrict__ mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
-  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 16, 64] x 4 stages
-  const long long sm0g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 8192);  // input 1 tile [1, 16, 1] x 4 stages
-  const long long sm1g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 256;  // block's tile origin
-  float* const sm2 = (float*)(smem + 0);  // acc_sum[1, 16, 1] (fp32)
+  const int sp_ = mg_bid_z();  // which of the 2 CTAs of the loop
+  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 16, 64] x 8 stages
+  const long long sm0g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384 + (long long)sp_ * 512;  // block's tile origin
+  mg_half* const sm1 = (mg_half*)(smem + 16384);  // input 1 tile [1, 16, 1] x 8 stages
+  const long long sm1g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 256 + (long long)sp_ * 8;  // block's tile origin
+  const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 16 * 0);  // the block this CTA computes a share of
+  const long long ws_ = (long long)tile_ * 2304;  // its partials
+  int* const sm2 = (int*)(smem + 0);  // whether this CTA finishes the block
+  float* const sm3 = (float*)(smem + 0);  // acc_sum[1, 16, 1] (fp32)
   const long long p2o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 1024;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 128 x 16 B
@@ -242,27 +247,75 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
     if (e_ < 16) (sm1 + 32)[e_] = p1[sm1g + (long long)2 * 1 + e_ * 16];
   }
   mg_cp_async_commit();
+  // stage 3 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 3072)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)3 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 48)[e_] = p1[sm1g + (long long)3 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 4 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 4096)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)4 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 64)[e_] = p1[sm1g + (long long)4 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 5 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 5120)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)5 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 80)[e_] = p1[sm1g + (long long)5 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 6 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 6144)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)6 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 96)[e_] = p1[sm1g + (long long)6 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
   float acc0[8] = {};  // acc_sum[1, 16, 64]
   float acc1[1] = {};  // acc_sum[1, 16, 1]
 #pragma unroll 1
-  for (int it = 0; it < 16; ++it) {
-    mg_cp_async_wait_group<2>();  // this iteration's tiles landed
+  for (int it = 0; it < 8; ++it) {
+    mg_cp_async_wait_group<6>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 4 * 1024;
-    mg_half* const sm1c = sm1 + it % 4 * 16;
-    // prefetch the input tiles of iteration it + 3
+    mg_half* const sm0c = sm0 + it % 8 * 1024;
+    mg_half* const sm1c = sm1 + it % 8 * 16;
+    // prefetch the input tiles of iteration it + 7
     {
-      const int itn = it + 3 < 16 ? it + 3 : 15, nbytes = it + 3 < 16 ? 16 : 0;
+      const int itn = it + 7 < 8 ? it + 7 : 7, nbytes = it + 7 < 8 ? 16 : 0;
       // cp.async 128 x 16 B
       for (int i_ = 0; i_ < 1; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm0 + (it + 3) % 4 * 1024)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm0 + (it + 7) % 8 * 1024)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8), nbytes);
       }
-      if (it + 3 < 16) {
+      if (it + 7 < 8) {
         // scalar loads (rows not 16-byte chunks or strided)
         for (int i_ = 0; i_ < 1; ++i_) {
           const int e_ = tid + i_ * 128;
-          if (e_ < 16) (sm1 + (it + 3) % 4 * 16)[e_] = p1[sm1g + (long long)itn * 1 + e_ * 16];
+          if (e_ < 16) (sm1 + (it + 7) % 8 * 16)[e_] = p1[sm1g + (long long)itn * 1 + e_ * 16];
         }
       }
       mg_cp_async_commit();
@@ -280,11 +333,45 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
     }
   }
   mg_cp_async_wait_group<0>();  // the last (empty) prefetches land before buffers are reused
+  // publish this CTA's partial state (1152 floats)
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    mg_ws[ws_ + sp_ * 1152 + 0 + (s) * 128 + tid] = acc0[s];
+  }
+  for (int s = 0; s < 1; ++s) {
+    const int o_ = s * 128 + tid;
+    if (o_ < 16) mg_ws[ws_ + sp_ * 1152 + 1024 + (s) * 128 + tid] = acc1[s];
+  }
+  mg_syncthreads();
+  // count this CTA in; the last of the 2 finishes the block
+  mg_threadfence();  // this CTA's partials are visible to the others before it counts in
+  mg_syncthreads();
+  if (tid == 0) sm2[0] = mg_atomic_inc(&mg_ctr[tile_]) == 1;
+  mg_syncthreads();
+  // only the last CTA goes on
+  if (sm2[0] == 0) return;
+  mg_threadfence();
+  // combine the 2 partial states in split order: acc_sum[1, 16, 64], acc_sum[1, 16, 1]
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    float p_ = 0.0f;
+    for (int k_ = 0; k_ < 2; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 1152 + 0 + (s) * 128 + tid]);
+    acc0[s] = p_;
+  }
+  for (int s = 0; s < 1; ++s) {
+    const int o_ = s * 128 + tid;
+    if (o_ < 16) {
+      float p_ = 0.0f;
+      for (int k_ = 0; k_ < 2; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 1152 + 1024 + (s) * 128 + tid]);
+      acc1[s] = p_;
+    }
+  }
+  if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
   mg_syncthreads();
   // acc_sum[1, 16, 1] -> shared
   for (int s = 0; s < 1; ++s) {
     const int o_ = s * 128 + tid;
-    if (o_ < 16) sm2[o_] = acc1[s];
+    if (o_ < 16) sm3[o_] = acc1[s];
   }
   mg_syncthreads();
   float v0[8];
@@ -292,7 +379,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
     const int o_ = s * 128 + tid;
-    v0[s] = (acc0[s] / sm2[o_ / 64]);
+    v0[s] = (acc0[s] / sm3[o_ / 64]);
   }
   // store output 0 (f16[2, 256, 64])
 #pragma unroll

@@ -7,19 +7,19 @@ MG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }
 inline float mg_ninf() { return -HUGE_VALF; }
 #endif
 
-// mg_kernel0: grid (2, 16, 4) x 128 threads, forloop 4; 57344 bytes of dynamic shared memory
-//   sm1 [0, 24576) input 1 tile [1, 64, 64] x 3 stages
-//   sm2 [24576, 49152) input 2 tile [1, 64, 64] x 3 stages
-//   sm0 [49152, 57344) input 0 tile [1, 64, 64]
+// mg_kernel0: grid (2, 16, 4) x 128 threads, forloop 4; 40960 bytes of dynamic shared memory
+//   sm1 [0, 16384) input 1 tile [1, 64, 64] x 2 stages
+//   sm2 [16384, 32768) input 2 tile [1, 64, 64] x 2 stages
+//   sm0 [32768, 40960) input 0 tile [1, 64, 64]
 MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, mg_half* __restrict__ p3, mg_half* __restrict__ p4, float* __restrict__ p5) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [1, 64, 64]
+  mg_half* const sm0 = (mg_half*)(smem + 32768);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_z() * 4096;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 64] x 3 stages
+  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 64] x 2 stages
   const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 256;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 24576);  // input 2 tile [1, 64, 64] x 3 stages
+  mg_half* const sm2 = (mg_half*)(smem + 16384);  // input 2 tile [1, 64, 64] x 2 stages
   const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384;  // block's tile origin
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 64;  // [1,64,64] on 1x4x1 warps
   const long long p3o = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 64 + (long long)mg_bid_z() * 65536;  // output 0 tile origin
@@ -47,20 +47,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
     mg_cp_async16(&sm2[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + ((e_ / 8)) * 64 + e_ % 8 * 8));
   }
   mg_cp_async_commit();
-  // stage 1 of the loop's input tiles
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)1 * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
-  }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)1 * 4096 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
   float acc0[1][1][2];  // acc_max_last[1, 64, 1]
   for (int i0 = 0; i0 < 1; ++i0)
     for (int i1 = 0; i1 < 1; ++i1)
@@ -72,24 +58,24 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   float acc2[1][1][2] = {};  // acc_sum_last_rescale[1, 64, 1]
 #pragma unroll 1
   for (int it = 0; it < 4; ++it) {
-    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
+    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm1c = sm1 + it % 3 * 4096;
-    mg_half* const sm2c = sm2 + it % 3 * 4096;
-    // prefetch the input tiles of iteration it + 2
+    mg_half* const sm1c = sm1 + it % 2 * 4096;
+    mg_half* const sm2c = sm2 + it % 2 * 4096;
+    // prefetch the input tiles of iteration it + 1
     {
-      const int itn = it + 2 < 4 ? it + 2 : 3, nbytes = it + 2 < 4 ? 16 : 0;
+      const int itn = it + 1 < 4 ? it + 1 : 3, nbytes = it + 1 < 4 ? 16 : 0;
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 2) % 3 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm1 + (it + 1) % 2 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 2) % 3 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 4096 + ((e_ / 8)) * 64 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm2 + (it + 1) % 2 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 4096 + ((e_ / 8)) * 64 + e_ % 8 * 8), nbytes);
       }
       mg_cp_async_commit();
     }
@@ -260,24 +246,24 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   }
 }
 
-// mg_kernel1: grid (2, 16, 1) x 128 threads, forloop 16; 6720 bytes of dynamic shared memory
-//   sm0 [0, 6144) input 0 tile [1, 16, 64] x 3 stages
+// mg_kernel1: grid (2, 16, 1) x 128 threads, forloop 16; 17344 bytes of dynamic shared memory
+//   sm0 [0, 16384) input 0 tile [1, 16, 64] x 8 stages
 //   sm5 [0, 64) acc_sum_rescale[1, 16, 1] (fp32)
-//   sm2 [6144, 6336) input 2 tile [1, 16, 1] x 3 stages
-//   sm1 [6400, 6496) input 1 tile [1, 16, 1] x 3 stages
-//   sm3 [6528, 6592) exp[1, 16, 1] (fp32)
-//   sm4 [6656, 6720) rescale factor (fp32)
+//   sm2 [16384, 16896) input 2 tile [1, 16, 1] x 8 stages
+//   sm1 [16896, 17152) input 1 tile [1, 16, 1] x 8 stages
+//   sm3 [17152, 17216) exp[1, 16, 1] (fp32)
+//   sm4 [17280, 17344) rescale factor (fp32)
 MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const float* __restrict__ p2, mg_half* __restrict__ p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
-  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 16, 64] x 3 stages
+  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 16, 64] x 8 stages
   const long long sm0g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 6400);  // input 1 tile [1, 16, 1] x 3 stages
+  mg_half* const sm1 = (mg_half*)(smem + 16896);  // input 1 tile [1, 16, 1] x 8 stages
   const long long sm1g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 256;  // block's tile origin
-  float* const sm2 = (float*)(smem + 6144);  // input 2 tile [1, 16, 1] x 3 stages
+  float* const sm2 = (float*)(smem + 16384);  // input 2 tile [1, 16, 1] x 8 stages
   const long long sm2g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 256;  // block's tile origin
-  float* const sm3 = (float*)(smem + 6528);  // exp[1, 16, 1] (fp32)
-  float* const sm4 = (float*)(smem + 6656);  // rescale factor (fp32)
+  float* const sm3 = (float*)(smem + 17152);  // exp[1, 16, 1] (fp32)
+  float* const sm4 = (float*)(smem + 17280);  // rescale factor (fp32)
   float* const sm5 = (float*)(smem + 0);  // acc_sum_rescale[1, 16, 1] (fp32)
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 1024;  // output 0 tile origin
   // stage 0 of the loop's input tiles
@@ -314,6 +300,91 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
     if (e_ < 16) (sm2 + 16)[e_] = p2[sm2g + (long long)1 * 1 + e_ * 16];
   }
   mg_cp_async_commit();
+  // stage 2 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 2048)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)2 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 32)[e_] = p1[sm1g + (long long)2 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 32)[e_] = p2[sm2g + (long long)2 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 3 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 3072)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)3 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 48)[e_] = p1[sm1g + (long long)3 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 48)[e_] = p2[sm2g + (long long)3 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 4 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 4096)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)4 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 64)[e_] = p1[sm1g + (long long)4 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 64)[e_] = p2[sm2g + (long long)4 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 5 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 5120)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)5 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 80)[e_] = p1[sm1g + (long long)5 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 80)[e_] = p2[sm2g + (long long)5 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 6 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 6144)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)6 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 96)[e_] = p1[sm1g + (long long)6 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 96)[e_] = p2[sm2g + (long long)6 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
   float acc0[1];  // acc_max[1, 16, 1]
   for (int i0 = 0; i0 < 1; ++i0)
     acc0[i0] = mg_ninf();
@@ -322,29 +393,29 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
   float acc2[1] = {};  // acc_sum_rescale[1, 16, 1]
 #pragma unroll 1
   for (int it = 0; it < 16; ++it) {
-    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
+    mg_cp_async_wait_group<6>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 3 * 1024;
-    mg_half* const sm1c = sm1 + it % 3 * 16;
-    float* const sm2c = sm2 + it % 3 * 16;
-    // prefetch the input tiles of iteration it + 2
+    mg_half* const sm0c = sm0 + it % 8 * 1024;
+    mg_half* const sm1c = sm1 + it % 8 * 16;
+    float* const sm2c = sm2 + it % 8 * 16;
+    // prefetch the input tiles of iteration it + 7
     {
-      const int itn = it + 2 < 16 ? it + 2 : 15, nbytes = it + 2 < 16 ? 16 : 0;
+      const int itn = it + 7 < 16 ? it + 7 : 15, nbytes = it + 7 < 16 ? 16 : 0;
       // cp.async 128 x 16 B
       for (int i_ = 0; i_ < 1; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm0 + (it + 2) % 3 * 1024)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm0 + (it + 7) % 8 * 1024)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8), nbytes);
       }
-      if (it + 2 < 16) {
+      if (it + 7 < 16) {
         // scalar loads (rows not 16-byte chunks or strided)
         for (int i_ = 0; i_ < 1; ++i_) {
           const int e_ = tid + i_ * 128;
-          if (e_ < 16) (sm1 + (it + 2) % 3 * 16)[e_] = p1[sm1g + (long long)itn * 1 + e_ * 16];
+          if (e_ < 16) (sm1 + (it + 7) % 8 * 16)[e_] = p1[sm1g + (long long)itn * 1 + e_ * 16];
         }
         // scalar loads (rows not 16-byte chunks or strided)
         for (int i_ = 0; i_ < 1; ++i_) {
           const int e_ = tid + i_ * 128;
-          if (e_ < 16) (sm2 + (it + 2) % 3 * 16)[e_] = p2[sm2g + (long long)itn * 1 + e_ * 16];
+          if (e_ < 16) (sm2 + (it + 7) % 8 * 16)[e_] = p2[sm2g + (long long)itn * 1 + e_ * 16];
         }
       }
       mg_cp_async_commit();

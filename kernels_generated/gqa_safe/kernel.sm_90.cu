@@ -274,24 +274,24 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   }
 }
 
-// mg_kernel1: grid (2, 16, 1) x 128 threads, forloop 16; 8768 bytes of dynamic shared memory
-//   sm0 [0, 8192) input 0 tile [1, 16, 64] x 4 stages
+// mg_kernel1: grid (2, 16, 1) x 128 threads, forloop 16; 17344 bytes of dynamic shared memory
+//   sm0 [0, 16384) input 0 tile [1, 16, 64] x 8 stages
 //   sm5 [0, 64) acc_sum_rescale[1, 16, 1] (fp32)
-//   sm2 [8192, 8448) input 2 tile [1, 16, 1] x 4 stages
-//   sm1 [8448, 8576) input 1 tile [1, 16, 1] x 4 stages
-//   sm3 [8576, 8640) exp[1, 16, 1] (fp32)
-//   sm4 [8704, 8768) rescale factor (fp32)
+//   sm2 [16384, 16896) input 2 tile [1, 16, 1] x 8 stages
+//   sm1 [16896, 17152) input 1 tile [1, 16, 1] x 8 stages
+//   sm3 [17152, 17216) exp[1, 16, 1] (fp32)
+//   sm4 [17280, 17344) rescale factor (fp32)
 MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const float* __restrict__ p2, mg_half* __restrict__ p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
-  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 16, 64] x 4 stages
+  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 16, 64] x 8 stages
   const long long sm0g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 8448);  // input 1 tile [1, 16, 1] x 4 stages
+  mg_half* const sm1 = (mg_half*)(smem + 16896);  // input 1 tile [1, 16, 1] x 8 stages
   const long long sm1g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 256;  // block's tile origin
-  float* const sm2 = (float*)(smem + 8192);  // input 2 tile [1, 16, 1] x 4 stages
+  float* const sm2 = (float*)(smem + 16384);  // input 2 tile [1, 16, 1] x 8 stages
   const long long sm2g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 256;  // block's tile origin
-  float* const sm3 = (float*)(smem + 8576);  // exp[1, 16, 1] (fp32)
-  float* const sm4 = (float*)(smem + 8704);  // rescale factor (fp32)
+  float* const sm3 = (float*)(smem + 17152);  // exp[1, 16, 1] (fp32)
+  float* const sm4 = (float*)(smem + 17280);  // rescale factor (fp32)
   float* const sm5 = (float*)(smem + 0);  // acc_sum_rescale[1, 16, 1] (fp32)
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 1024;  // output 0 tile origin
   // stage 0 of the loop's input tiles
@@ -345,6 +345,74 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
     if (e_ < 16) (sm2 + 32)[e_] = p2[sm2g + (long long)2 * 1 + e_ * 16];
   }
   mg_cp_async_commit();
+  // stage 3 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 3072)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)3 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 48)[e_] = p1[sm1g + (long long)3 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 48)[e_] = p2[sm2g + (long long)3 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 4 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 4096)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)4 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 64)[e_] = p1[sm1g + (long long)4 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 64)[e_] = p2[sm2g + (long long)4 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 5 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 5120)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)5 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 80)[e_] = p1[sm1g + (long long)5 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 80)[e_] = p2[sm2g + (long long)5 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
+  // stage 6 of the loop's input tiles
+  // cp.async 128 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm0 + 6144)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)6 * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8));
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm1 + 96)[e_] = p1[sm1g + (long long)6 * 1 + e_ * 16];
+  }
+  // scalar loads (rows not 16-byte chunks or strided)
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 16) (sm2 + 96)[e_] = p2[sm2g + (long long)6 * 1 + e_ * 16];
+  }
+  mg_cp_async_commit();
   float acc0[1];  // acc_max[1, 16, 1]
   for (int i0 = 0; i0 < 1; ++i0)
     acc0[i0] = mg_ninf();
@@ -353,29 +421,29 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const mg_half* __restrict__ p0, 
   float acc2[1] = {};  // acc_sum_rescale[1, 16, 1]
 #pragma unroll 1
   for (int it = 0; it < 16; ++it) {
-    mg_cp_async_wait_group<2>();  // this iteration's tiles landed
+    mg_cp_async_wait_group<6>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 4 * 1024;
-    mg_half* const sm1c = sm1 + it % 4 * 16;
-    float* const sm2c = sm2 + it % 4 * 16;
-    // prefetch the input tiles of iteration it + 3
+    mg_half* const sm0c = sm0 + it % 8 * 1024;
+    mg_half* const sm1c = sm1 + it % 8 * 16;
+    float* const sm2c = sm2 + it % 8 * 16;
+    // prefetch the input tiles of iteration it + 7
     {
-      const int itn = it + 3 < 16 ? it + 3 : 15, nbytes = it + 3 < 16 ? 16 : 0;
+      const int itn = it + 7 < 16 ? it + 7 : 15, nbytes = it + 7 < 16 ? 16 : 0;
       // cp.async 128 x 16 B
       for (int i_ = 0; i_ < 1; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm0 + (it + 3) % 4 * 1024)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm0 + (it + 7) % 8 * 1024)[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 1024 + e_ % 8 * 8), nbytes);
       }
-      if (it + 3 < 16) {
+      if (it + 7 < 16) {
         // scalar loads (rows not 16-byte chunks or strided)
         for (int i_ = 0; i_ < 1; ++i_) {
           const int e_ = tid + i_ * 128;
-          if (e_ < 16) (sm1 + (it + 3) % 4 * 16)[e_] = p1[sm1g + (long long)itn * 1 + e_ * 16];
+          if (e_ < 16) (sm1 + (it + 7) % 8 * 16)[e_] = p1[sm1g + (long long)itn * 1 + e_ * 16];
         }
         // scalar loads (rows not 16-byte chunks or strided)
         for (int i_ = 0; i_ < 1; ++i_) {
           const int e_ = tid + i_ * 128;
-          if (e_ < 16) (sm2 + (it + 3) % 4 * 16)[e_] = p2[sm2g + (long long)itn * 1 + e_ * 16];
+          if (e_ < 16) (sm2 + (it + 7) % 8 * 16)[e_] = p2[sm2g + (long long)itn * 1 + e_ * 16];
         }
       }
       mg_cp_async_commit();

@@ -3,19 +3,24 @@
 
 // mg_kernel0: grid (96, 1, 1) x 128 threads, forloop 64; 30720 bytes of dynamic shared memory
 //   sm1 [0, 24576) input 1 tile [64, 64] x 3 stages
-//   sm2 [0, 64) rsqrt[16, 1] (fp32)
+//   sm2 [0, 16) whether this CTA finishes the block
+//   sm3 [0, 64) rsqrt[16, 1] (fp32)
 //   sm0 [24576, 30720) input 0 tile [16, 64] x 3 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, mg_half* __restrict__ p2) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, mg_half* __restrict__ p2, float* __restrict__ mg_ws, unsigned* __restrict__ mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
+  const int sp_ = mg_bid_z();  // which of the 2 CTAs of the loop
   mg_half* const sm0 = (mg_half*)(smem + 24576);  // input 0 tile [16, 64] x 3 stages
-  const long long sm0g = 0;  // block's tile origin
+  const long long sm0g = (long long)sp_ * 2048;  // block's tile origin
   mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 3 stages
-  const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
+  const long long sm1g = (long long)mg_bid_x() * 64 + (long long)sp_ * 12582912;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,16,64] on 1x1x4 warps
   const int q8g = tid / 8, q8l = tid % 8;  // groups of 8 lanes
-  float* const sm2 = (float*)(smem + 0);  // rsqrt[16, 1] (fp32)
+  const int tile_ = mg_bid_x();  // the block this CTA computes a share of
+  const long long ws_ = (long long)tile_ * 2304;  // its partials
+  int* const sm2 = (int*)(smem + 0);  // whether this CTA finishes the block
+  float* const sm3 = (float*)(smem + 0);  // rsqrt[16, 1] (fp32)
   const long long p2o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 128 x 16 B
@@ -46,14 +51,14 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   float acc0[1][1][2][4] = {};  // acc_sum[16, 64]
   float acc1[1] = {};  // acc_sum_last[16, 1]
 #pragma unroll 1
-  for (int it = 0; it < 64; ++it) {
+  for (int it = 0; it < 32; ++it) {
     mg_cp_async_wait_group<1>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
     mg_half* const sm0c = sm0 + it % 3 * 1024;
     mg_half* const sm1c = sm1 + it % 3 * 4096;
     // prefetch the input tiles of iteration it + 2
     {
-      const int itn = it + 2 < 64 ? it + 2 : 63, nbytes = it + 2 < 64 ? 16 : 0;
+      const int itn = it + 2 < 32 ? it + 2 : 31, nbytes = it + 2 < 32 ? 16 : 0;
       // cp.async 128 x 16 B
       for (int i_ = 0; i_ < 1; ++i_) {
         const int e_ = tid + i_ * 128;
@@ -103,6 +108,44 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
     }
   }
   mg_cp_async_wait_group<0>();  // the last (empty) prefetches land before buffers are reused
+  // publish this CTA's partial state (1152 floats)
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    mg_ws[ws_ + sp_ * 1152 + 0 + (((bi * 1 + mi) * 2 + ni) * 4 + q) * 128 + tid] = acc0[bi][mi][ni][q];
+  }
+  for (int s = 0; s < 1; ++s) {
+    mg_ws[ws_ + sp_ * 1152 + 1024 + (s) * 128 + tid] = acc1[s];
+  }
+  mg_syncthreads();
+  // count this CTA in; the last of the 2 finishes the block
+  mg_threadfence();  // this CTA's partials are visible to the others before it counts in
+  mg_syncthreads();
+  if (tid == 0) sm2[0] = mg_atomic_inc(&mg_ctr[tile_]) == 1;
+  mg_syncthreads();
+  // only the last CTA goes on
+  if (sm2[0] == 0) return;
+  mg_threadfence();
+  // combine the 2 partial states in split order: acc_sum[16, 64], acc_sum_last[16, 1]
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float p_ = 0.0f;
+    for (int k_ = 0; k_ < 2; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 1152 + 0 + (((bi * 1 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
+    acc0[bi][mi][ni][q] = p_;
+  }
+  for (int s = 0; s < 1; ++s) {
+    float p_ = 0.0f;
+    for (int k_ = 0; k_ < 2; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 1152 + 1024 + (s) * 128 + tid]);
+    acc1[s] = p_;
+  }
+  if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
   float v1[1];
   // div[16, 1] in registers
   for (int s = 0; s < 1; ++s) {
@@ -122,7 +165,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   // rsqrt[16, 1] -> shared
   for (int s = 0; s < 1; ++s) {
     const int o_ = s * 16 + q8g;
-    if (q8l == 0) sm2[o_] = v3[s];
+    if (q8l == 0) sm3[o_] = v3[s];
   }
   mg_syncthreads();
   float v4[1][1][2][4];
@@ -134,7 +177,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int r_ = f0m + mi * 16 + g_ + (q >> 1) * 8;
-    v4[bi][mi][ni][q] = (acc0[bi][mi][ni][q] * sm2[r_]);
+    v4[bi][mi][ni][q] = (acc0[bi][mi][ni][q] * sm3[r_]);
   }
   // store output 0 (f16[16, 6144])
   for (int bi = 0; bi < 1; ++bi)
