@@ -15,7 +15,7 @@ from mugraph.codegen.compile import TARGETS
 from mugraph.ir.errors import InvalidInput
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024  # above this a launcher must raise the kernel's max-dynamic-smem attribute
-MAX_STAGES = 8                    # cp.async buffers per loop-walked tile, at most
+MAX_STAGES = 16                   # cp.async buffers per loop-walked tile, at most
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class ArchSpec:
     sm_count: int = 1        # multiprocessors of the sizing GPU
     smem_per_sm: int = 0     # shared memory of one multiprocessor (bytes)
     inflight_per_sm: int = 0  # bytes an SM keeps in flight to stream HBM at full rate (bandwidth x latency)
+    hbm_rate: float = 0.0    # bytes/s streaming kernels reach (peak x efficiency)
+    sm_fill_rate: float = 0.0  # bytes/s one SM pulls from L2
     max_stages: int = MAX_STAGES
     smem_align: int = 128    # every shared buffer starts on a 128-byte line (swizzles assume it)
     fp32_matmul: str = "bf16x3"  # fp32 x fp32 block matmuls: "bf16x3" (tensor cores) or "simt" (exact fp32)
@@ -38,7 +40,8 @@ def _spec(name: str, limit: int, threads: int) -> ArchSpec:
     c = calibration.constants(calibration.SIZING_TARGET[name])
     inflight = c["hbm_bandwidth"] * c["hbm_efficiency"] * c["loaded_latency_s"] / c["sm_count"]
     return ArchSpec(name, smem_limit=limit, max_threads=threads, sm_count=int(c["sm_count"]),
-                    smem_per_sm=int(c["smem_per_sm"]), inflight_per_sm=int(inflight))
+                    smem_per_sm=int(c["smem_per_sm"]), inflight_per_sm=int(inflight),
+                    hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"])
 
 
 ARCHS: Mapping[str, ArchSpec] = MappingProxyType({

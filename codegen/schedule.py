@@ -4,12 +4,16 @@ the resulting grid, shared memory, partial state and registers.
 
 The rules, in order:
 
-* splits: a grid with fewer blocks than the arch has SMs splits each block's loop over S CTAs (S divides the
-  loop): the smallest S that gives every SM a CTA, among those whose combine (the last CTA reads S partial
-  states) reads no more than one split streams from its inputs; else the largest such S.
-* stages: enough that (stages - 1) stages of loop-walked tiles in flight per SM reach ``arch.inflight_per_sm``
-  (bandwidth x loaded latency / SMs) for the CTAs an SM holds, at most one per loop trip and ``arch.max_stages``,
-  and within shared memory for those CTAs (never below two).
+* splits: each block's loop is split over S CTAs (S divides the loop) when two stages of its tiles do not fit
+  shared memory (the smallest S that fits), or when the grid alone cannot stream HBM at
+  full rate: the smallest S (1 first) whose CTAs can keep the bytes in flight the arch needs
+  (``inflight_per_sm`` x SMs: bandwidth x loaded latency) with the deepest pipeline that fits, and whose SMs
+  can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
+  reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
+  most bytes in flight.
+* stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
+  at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
+  below two).
 """
 from __future__ import annotations
 
@@ -85,8 +89,8 @@ def _schedule(bg: BlockGraph, arch: ArchSpec) -> KernelSchedule:
     ir, plan = lowered(bg, arch, 1, 1)  # one buffer per tile: the footprint every deeper pipeline adds to
     stage_bytes = sum(ir.buffers[b].nbytes for b in ir.staged_inputs)
     invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
-    state = _state_bytes(bg, arch) if arch.split_loops and bg.num_blocks < arch.sm_count else 0
-    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes)
+    state = _state_bytes(bg, arch) if arch.split_loops else 0
+    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes)
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
     ir, plan = lowered(bg, arch, stages, splits)
     return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, ir.stages, stage_bytes, invariant,
@@ -110,16 +114,42 @@ def _state_bytes(bg: BlockGraph, arch: ArchSpec) -> int:
     return 4 * lowered(bg, arch, 1, divisors[0])[0].state_floats
 
 
-def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int) -> int:
-    """CTAs per block loop (the module docstring's rule)."""
-    if not arch.split_loops or forloop < 2 or blocks >= arch.sm_count or not state_bytes:
+def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
+                  smem_one: int) -> int:
+    """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage."""
+    if not arch.split_loops or forloop < 2 or not state_bytes or not stage_bytes:
         return 1
-    divisors = [d for d in range(2, forloop + 1) if forloop % d == 0]
-    cheap = [d for d in divisors if d * state_bytes <= (forloop // d) * stage_bytes]
-    filling = [d for d in cheap if blocks * d >= arch.sm_count]
-    if filling:
-        return filling[0]
-    return cheap[-1] if cheap else 1
+    fits = [d for d in range(1, forloop + 1) if forloop % d == 0 and
+            smem_one + (min(2, forloop // d) - 1) * stage_bytes <= arch.smem_limit]  # two stages, or one trip
+    cheap = [d for d in fits if d == 1 or d * state_bytes <= (forloop // d) * stage_bytes] or fits[-1:]
+    if not cheap:
+        return 1
+    for d in cheap:
+        if _streams_at_full_rate(blocks * d, forloop // d, arch, stage_bytes, smem_one):
+            return d
+    return max(cheap, key=lambda d: (_in_flight(blocks * d, forloop // d, arch, stage_bytes, smem_one), -d))
+
+
+def _in_flight(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int) -> int:
+    """Bytes all CTAs together keep in flight with the deepest pipeline that fits (the CTAs one wave holds)."""
+    stages = _deepest(ctas, trips, arch, stage_bytes, smem_one, arch.max_stages)
+    per_sm = max(1, (arch.smem_per_sm - 1024) // max(1, smem_one + (stages - 1) * stage_bytes + 1024))
+    return min(ctas, per_sm * arch.sm_count) * (stages - 1) * stage_bytes
+
+
+def _streams_at_full_rate(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int) -> bool:
+    return _in_flight(ctas, trips, arch, stage_bytes, smem_one) >= arch.inflight_per_sm * arch.sm_count and \
+        min(ctas, arch.sm_count) * arch.sm_fill_rate >= arch.hbm_rate
+
+
+def _deepest(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int, want: int) -> int:
+    """At most ``want`` stages, one per trip, within the shared memory of the CTAs one SM holds (>= 2)."""
+    per_sm = max(1, ceil_div(ctas, arch.sm_count))
+    budget = min(arch.smem_limit, arch.smem_per_sm // per_sm - 1024)
+    stages = min(want, trips, arch.max_stages)
+    while stages > 2 and smem_one + (stages - 1) * stage_bytes > budget:
+        stages -= 1
+    return max(2, stages)
 
 
 def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int, smem_one: int) -> int:
@@ -127,13 +157,9 @@ def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int,
     trips = bg.forloop // splits
     if trips < 2 or not stage_bytes:
         return 2
-    per_sm = max(1, ceil_div(bg.num_blocks * splits, arch.sm_count))
-    need = arch.inflight_per_sm / per_sm
-    stages = min(arch.max_stages, trips, 1 + ceil_div(int(need), stage_bytes))
-    budget = min(arch.smem_limit, arch.smem_per_sm // per_sm - 1024)
-    while stages > 2 and smem_one + (stages - 1) * stage_bytes > budget:
-        stages -= 1
-    return max(2, stages)
+    ctas = bg.num_blocks * splits
+    need = arch.inflight_per_sm * arch.sm_count / ctas  # the whole GPU's bytes in flight, shared out
+    return _deepest(ctas, trips, arch, stage_bytes, smem_one, 1 + ceil_div(int(need), stage_bytes))
 
 
 def _registers(ir) -> int:

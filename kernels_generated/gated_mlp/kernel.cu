@@ -3,26 +3,21 @@
 
 MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
 
-// mg_kernel0: grid (64, 1, 1) x 128 threads, forloop 64; 34816 bytes of dynamic shared memory
-//   sm1 [0, 16384) input 1 tile [64, 64] x 2 stages
-//   sm3 [0, 16) whether this CTA finishes the block
-//   sm2 [16384, 32768) input 2 tile [64, 64] x 2 stages
-//   sm0 [32768, 34816) input 0 tile [8, 64] x 2 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, mg_half* __restrict__ p3, float* __restrict__ mg_ws, unsigned* __restrict__ mg_ctr) {
+// mg_kernel0: grid (64, 1, 1) x 128 threads, forloop 64; 69632 bytes of dynamic shared memory
+//   sm1 [0, 32768) input 1 tile [64, 64] x 4 stages
+//   sm2 [32768, 65536) input 2 tile [64, 64] x 4 stages
+//   sm0 [65536, 69632) input 0 tile [8, 64] x 4 stages
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, mg_half* __restrict__ p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z();  // which of the 2 CTAs of the loop
-  mg_half* const sm0 = (mg_half*)(smem + 32768);  // input 0 tile [8, 64] x 2 stages
-  const long long sm0g = (long long)sp_ * 2048;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 2 stages
-  const long long sm1g = (long long)mg_bid_x() * 64 + (long long)sp_ * 8388608;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 16384);  // input 2 tile [64, 64] x 2 stages
-  const long long sm2g = (long long)mg_bid_x() * 64 + (long long)sp_ * 8388608;  // block's tile origin
+  mg_half* const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [8, 64] x 4 stages
+  const long long sm0g = 0;  // block's tile origin
+  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages
+  const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
+  mg_half* const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [64, 64] x 4 stages
+  const long long sm2g = (long long)mg_bid_x() * 64;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,8,64] on 1x1x4 warps
-  const int tile_ = mg_bid_x();  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 4096;  // its partials
-  int* const sm3 = (int*)(smem + 0);  // whether this CTA finishes the block
   const long long p3o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 64 x 16 B
@@ -43,34 +38,72 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
     mg_cp_async16(&sm2[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + ((e_ / 8)) * 4096 + e_ % 8 * 8));
   }
   mg_cp_async_commit();
+  // stage 1 of the loop's input tiles
+  // cp.async 64 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 64) mg_cp_async16(&(sm0 + 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)1 * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  // cp.async 512 x 16 B
+#pragma unroll
+  for (int i_ = 0; i_ < 4; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm1 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)1 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  // cp.async 512 x 16 B
+#pragma unroll
+  for (int i_ = 0; i_ < 4; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm2 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)1 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  mg_cp_async_commit();
+  // stage 2 of the loop's input tiles
+  // cp.async 64 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 64) mg_cp_async16(&(sm0 + 1024)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)2 * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  // cp.async 512 x 16 B
+#pragma unroll
+  for (int i_ = 0; i_ < 4; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm1 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  // cp.async 512 x 16 B
+#pragma unroll
+  for (int i_ = 0; i_ < 4; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm2 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  mg_cp_async_commit();
   float acc0[1][1][2][4] = {};  // acc_sum[8, 64]
   float acc1[1][1][2][4] = {};  // acc_sum[8, 64]
 #pragma unroll 1
-  for (int it = 0; it < 32; ++it) {
-    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
+  for (int it = 0; it < 64; ++it) {
+    mg_cp_async_wait_group<2>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 2 * 512;
-    mg_half* const sm1c = sm1 + it % 2 * 4096;
-    mg_half* const sm2c = sm2 + it % 2 * 4096;
-    // prefetch the input tiles of iteration it + 1
+    mg_half* const sm0c = sm0 + it % 4 * 512;
+    mg_half* const sm1c = sm1 + it % 4 * 4096;
+    mg_half* const sm2c = sm2 + it % 4 * 4096;
+    // prefetch the input tiles of iteration it + 3
     {
-      const int itn = it + 1 < 32 ? it + 1 : 31, nbytes = it + 1 < 32 ? 16 : 0;
+      const int itn = it + 3 < 64 ? it + 3 : 63, nbytes = it + 3 < 64 ? 16 : 0;
       // cp.async 64 x 16 B
       for (int i_ = 0; i_ < 1; ++i_) {
         const int e_ = tid + i_ * 128;
-        if (e_ < 64) mg_cp_async16_zfill(&(sm0 + (it + 1) % 2 * 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        if (e_ < 64) mg_cp_async16_zfill(&(sm0 + (it + 3) % 4 * 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 1) % 2 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm1 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 1) % 2 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm2 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       mg_cp_async_commit();
     }
@@ -114,62 +147,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
     }
   }
   mg_cp_async_wait_group<0>();  // the last (empty) prefetches land before buffers are reused
-  // publish this CTA's partial state (2048 floats)
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int r_ = f0m + mi * 16 + g_ + (q >> 1) * 8;
-    if (r_ < 8) mg_ws[ws_ + sp_ * 2048 + 0 + (((bi * 1 + mi) * 2 + ni) * 4 + q) * 128 + tid] = acc0[bi][mi][ni][q];
-  }
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int r_ = f0m + mi * 16 + g_ + (q >> 1) * 8;
-    if (r_ < 8) mg_ws[ws_ + sp_ * 2048 + 1024 + (((bi * 1 + mi) * 2 + ni) * 4 + q) * 128 + tid] = acc1[bi][mi][ni][q];
-  }
-  mg_syncthreads();
-  // count this CTA in; the last of the 2 finishes the block
-  mg_threadfence();  // this CTA's partials are visible to the others before it counts in
-  mg_syncthreads();
-  if (tid == 0) sm3[0] = mg_atomic_inc(&mg_ctr[tile_]) == 1;
-  mg_syncthreads();
-  // only the last CTA goes on
-  if (sm3[0] == 0) return;
-  mg_threadfence();
-  // combine the 2 partial states in split order: acc_sum[8, 64], acc_sum[8, 64]
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int r_ = f0m + mi * 16 + g_ + (q >> 1) * 8;
-    if (r_ < 8) {
-      float p_ = 0.0f;
-      for (int k_ = 0; k_ < 2; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2048 + 0 + (((bi * 1 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
-      acc0[bi][mi][ni][q] = p_;
-    }
-  }
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int r_ = f0m + mi * 16 + g_ + (q >> 1) * 8;
-    if (r_ < 8) {
-      float p_ = 0.0f;
-      for (int k_ = 0; k_ < 2; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2048 + 1024 + (((bi * 1 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
-      acc1[bi][mi][ni][q] = p_;
-    }
-  }
-  if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
   float v0[1][1][2][4];
   // silu[8, 64] in registers
   for (int bi = 0; bi < 1; ++bi)

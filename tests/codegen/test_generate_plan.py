@@ -139,7 +139,8 @@ def test_loop_tiles_are_pipelined_by_bytes_in_flight(name):
     stages = plan.by_name("sm0").stages
     assert [a.stages for a in plan.allocations if a.role == "tile"] == [stages] * 3
     assert plan.total_bytes == stages * 2 * (8 * 64 + 64 * 64 + 64 * 64)
-    assert (stages - 1) * 17 * 1024 >= arch.inflight_per_sm > (stages - 2) * 17 * 1024
+    need = arch.inflight_per_sm * arch.sm_count / 64   # the GPU's bytes in flight shared by 64 CTAs
+    assert (stages - 1) * 17 * 1024 >= need > (stages - 2) * 17 * 1024
     src = generate(workloads.get("gated_mlp").reference(), arch).source
     assert f"mg_cp_async_wait_group<{stages - 2}>();" in src
 
@@ -150,7 +151,9 @@ def test_pipeline_depth_stays_within_the_loop_and_shared_memory():
     b = ir.BlockBuilder(grid=(1, 1, 1), forloop=8)
     bg = b.graph([(b.input(X, fmap=1).acc_sum_last(), None)])   # 40 KiB per trip
     arch = unsplit("sm_90")
-    assert plan_shared_memory(bg, arch).by_name("sm0").stages == 1 + -(-arch.inflight_per_sm // (40 * 1024))
+    assert plan_shared_memory(bg, arch).by_name("sm0").stages == 5  # one CTA wants all the GPU's bytes: 200 KiB
+    modest = dataclasses.replace(arch, inflight_per_sm=800)       # 800 B x 132 SMs: three stages of 40 KiB
+    assert plan_shared_memory(bg, modest).by_name("sm0").stages == 4
     hungry = dataclasses.replace(arch, inflight_per_sm=10**7)   # wants every stage it can get
     assert plan_shared_memory(bg, hungry).by_name("sm0").stages == 5  # 200 KiB of 227
     assert plan_shared_memory(bg, dataclasses.replace(hungry, max_stages=4)).by_name("sm0").stages == 4
