@@ -187,7 +187,7 @@ def _plain_attention_reference(shapes, scores) -> KernelGraph:
     c = ir.BlockBuilder(grid=(Q.shape[0], Q.shape[1] // rows, 1), forloop=splits)
     o = c.input(o_part, imap=(0, 1, None), fmap=2).acc_sum()
     l = c.input(l_part, imap=(0, 1, None), fmap=2).acc_sum()
-    return ir.KernelGraph(c.finish([(o / l, (0, 1, None))]), [Q, K, V])
+    return ir.KernelGraph(c.finish([(o / l, (0, 1, None), "float16")]), [Q, K, V])
 
 
 def gqa_reference(shapes) -> KernelGraph:
@@ -216,7 +216,7 @@ def gqa_safe_reference(shapes) -> KernelGraph:
     mm = m_t.acc_max()
     w = (m_t - mm).exp()
     out = (o_t * w).acc_sum_rescale(mm) / (l_t * w).acc_sum_rescale(mm)
-    return ir.KernelGraph(c.finish([(out, (0, 1, None))]), [Q, K, V])
+    return ir.KernelGraph(c.finish([(out, (0, 1, None), "float16")]), [Q, K, V])
 
 
 def ntrans_reference(shapes) -> KernelGraph:

@@ -183,7 +183,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 //   sm0 [0, 16384) input 0 tile [1, 4, 64] x 16 stages
 //   sm2 [0, 16) acc_sum[1, 4, 1] (fp32)
 //   sm1 [16384, 16640) input 1 tile [1, 4, 1] x 16 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, const float* __restrict__ p1, float* __restrict__ p2) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, const float* __restrict__ p1, mg_half* __restrict__ p2) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
   float* const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 16 stages
@@ -424,10 +424,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, co
     const int o_ = s * 128 + tid;
     v0[s] = (acc0[s] / sm2[o_ / 64]);
   }
-  // store output 0 (f32[2, 256, 64])
+  // store output 0 (f16[2, 256, 64])
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int o_ = s * 128 + tid;
-    p2[p2o + (o_ / 64) * 64 + o_ % 64] = v0[s];
+    p2[p2o + (o_ / 64) * 64 + o_ % 64] = mg_f2h(v0[s]);
   }
 }

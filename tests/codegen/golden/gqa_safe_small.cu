@@ -281,7 +281,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 //   sm2 [2176, 2208) input 2 tile [1, 4, 1] x 2 stages
 //   sm3 [2304, 2320) exp[1, 4, 1] (fp32)
 //   sm4 [2432, 2448) rescale factor (fp32)
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, float* __restrict__ p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, mg_half* __restrict__ p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
   float* const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 2 stages
@@ -418,10 +418,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, co
     const int o_ = s * 128 + tid;
     v3[s] = (acc1[s] / sm5[o_ / 64]);
   }
-  // store output 0 (f32[2, 128, 64])
+  // store output 0 (f16[2, 128, 64])
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int o_ = s * 128 + tid;
-    p3[p3o + (o_ / 64) * 64 + o_ % 64] = v3[s];
+    p3[p3o + (o_ / 64) * 64 + o_ % 64] = mg_f2h(v3[s]);
   }
 }
