@@ -48,6 +48,7 @@ from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input, kernel_iota
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp, is_mask
+from mugraph.ir.origin import record_jax_origin
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
 from mugraph.ir.shapes import EXACT_INTEGERS, MAX_RANK
 
@@ -1103,7 +1104,9 @@ def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGr
         output_names = _check_names(output_names, len(nodes), "output_names")
     else:
         output_names = _dict_output_names(out_shape, len(nodes))
-    return KernelGraph(nodes, inputs=inputs, output_names=output_names)
+    graph = KernelGraph(nodes, inputs=inputs, output_names=output_names)
+    record_jax_origin(graph, fn, example_args)  # the float test compares with jax.jit(fn)
+    return graph
 
 
 def _dict_output_names(out_shape, count: int):

@@ -88,6 +88,7 @@ class BOp(Enum):
     ACC_MAX_LAST = "acc_max_last"          # running max of the last dim's max
     ACC_SUM_RESCALE = "acc_sum_rescale"    # (x, m): acc = acc * exp(m_prev - m) + x
     ACC_SUM_LAST_RESCALE = "acc_sum_last_rescale"  # (x, m): ... + sum(x, last)
+    THREAD = "thread"          # arg: TNode, a DAG of elementwise ops over the operands (ir/thread.py)
 
 
 UNARY = frozenset({TOp.EXP, TOp.LOG, TOp.SQUARE, TOp.SQRT, TOp.RSQRT, TOp.SILU, TOp.GELU,

@@ -27,6 +27,7 @@ from mugraph.ir.errors import InvalidGraph, MugraphError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import BNode, KNode
 from mugraph.ir.ops import BOp, KOp, TOp, op_by_name
+from mugraph.ir.thread import from_entries, to_entries
 
 FORMAT = "mugraph.kernel_graph"
 VERSION = 1
@@ -52,6 +53,8 @@ def _arg_json(node, block_ids) -> object:
         return {"dim": arg[0], "eps": arg[1]}
     if op is TOp.CLAMP:
         return {"lo": arg[0], "hi": arg[1]}
+    if op is BOp.THREAD:
+        return to_entries(arg)
     if isinstance(arg, tuple):
         return list(arg)
     return arg
@@ -174,6 +177,11 @@ def _scalar_arg(op, arg, field):
         return arg
     if op in (KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST):
         return _ints(arg, field)
+    if op is BOp.THREAD:
+        try:
+            return from_entries(arg)
+        except InvalidGraph as e:
+            raise _at(e, f"{field}{e.field and '.' + e.field or ''}") from None
     if arg is not None:
         raise InvalidGraph(f"{op.value} takes no argument", field=field)
     return None

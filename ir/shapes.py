@@ -292,7 +292,13 @@ BLOCK_SHAPE = {
     BOp.ACC_SUM: _accumulate, BOp.ACC_SUM_LAST: _accumulate, BOp.ACC_RMS_LAST: _accumulate,
     BOp.ACC_MAX: _accumulate, BOp.ACC_MAX_LAST: _accumulate,
     BOp.ACC_SUM_RESCALE: _rescale, BOp.ACC_SUM_LAST_RESCALE: _rescale,
+    BOp.THREAD: lambda op, srcs, arg: _thread_shape(op, srcs, arg),
 } | {op: _f32(rule) for op, rule in ELEMENTWISE_SHAPE.items()}
+
+
+def _thread_shape(op, srcs, arg):
+    from mugraph.ir.thread import thread_shape
+    return thread_shape(op, srcs, arg)
 
 
 def infer_kernel(op, srcs, arg):

@@ -18,6 +18,7 @@ from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
+from mugraph.search.views import over_inputs, view_tensors
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
 
@@ -51,7 +52,8 @@ class KernelEnumerator:
 
     def __init__(self, ctx, inputs, spec_outputs):
         self.ctx = ctx
-        self.inputs = list(inputs)
+        self.graph_inputs = [t.node for t in inputs]
+        self.inputs = view_tensors(ctx, inputs, Tensor)   # the inputs and their layout views
         self.spec_outputs = spec_outputs          # [(KNode, expr)]
         self.block_cache: dict = {}
 
@@ -132,10 +134,10 @@ class KernelEnumerator:
             if match is None:
                 return None
             outs.append(match.node)
-        if all(o.op is KOp.INPUT for o in outs):
+        if all(over_inputs(o) for o in outs):
             return None
         try:
-            graph = KernelGraph(outs, [t.node for t in self.inputs], self.ctx.output_names)
+            graph = KernelGraph(outs, self.graph_inputs, self.ctx.output_names)
         except InvalidGraph:
             return None
         return graph if _no_dead_outputs(graph) else None

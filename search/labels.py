@@ -230,7 +230,7 @@ def node_labels(op, srcs, out_shape, arg):
     labels can.
     """
     from mugraph.ir.ops import ACCUMULATORS, BOp, LAST_DIM_ACCUMULATORS
-    if isinstance(op, TOp):
+    if isinstance(op, TOp) or op is BOp.THREAD:
         return _broadcast_labels(srcs, out_shape)
     if op in (KOp.MATMUL, BOp.MATMUL):
         return _matmul_labels(srcs, out_shape)

@@ -27,6 +27,7 @@ from mugraph.ir.errors import InvalidInput, MugraphError, VerificationError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
 from mugraph.ir.ops import BOp, KOp, TOp
+from mugraph.ir.thread import evaluate as evaluate_thread
 
 # Safe primes p = 2q + 1 just below 2^31 (q ≈ 2^30). p < 2^31 keeps a product of two residues
 # below 2^62 in int64; q ≈ 2^30 bounds the per-test error by degree/2^30. `tests/verify` re-checks
@@ -621,6 +622,7 @@ BLOCK_DEGREE = {
     BOp.REDUCE_SUM: lambda node, a: _d_sum(a, node.srcs[0].shape[node.arg]),
     BOp.REDUCE_MAX: _d_same,
     BOp.RMS_NORM: _d_rms_norm,
+    BOp.THREAD: lambda node, *a: evaluate_thread(node, a, lambda m, v: BLOCK_DEGREE[m.op](m, *v)),
 } | DEGREE_ELEMENTWISE
 
 # accumulators also need the trip count: (node, source degrees..., forloop) -> degree

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mugraph import ir
 from mugraph.ir import BNode, BOp, KNode, KOp, KernelGraph, TOp
+from mugraph.ir import thread
 from mugraph.ir.ops import BINARY, TERNARY
 
 F16 = "float16"
@@ -53,6 +54,13 @@ def _custom_node(x, y) -> KNode:
     return out
 
 
+def _gelu_like() -> thread.TNode:
+    """p0 * (0.5 + tanh(p0 * 0.8 + p1)): a thread graph that reads p0 twice."""
+    T, p0 = thread.TNode, thread.param(0)
+    inner = T(TOp.ADD, (T(TOp.MUL, (p0, thread.const(0.8))), thread.param(1)))
+    return T(TOp.MUL, (p0, T(TOp.ADD, (thread.const(0.5), T(TOp.TANH, (inner,))))))
+
+
 def block_sample(op) -> KernelGraph:
     """A kernel graph with one custom op whose block graph has a node of `op` (a BOp or TOp)."""
     x = ir.input("X", (4, 8), F16)
@@ -75,6 +83,7 @@ def block_sample(op) -> KernelGraph:
         BOp.ACC_MAX_LAST: lambda: tx.acc_max_last() + tw.acc_max_last(),
         BOp.ACC_SUM_RESCALE: lambda: _online(tx, tw, last=False),
         BOp.ACC_SUM_LAST_RESCALE: lambda: _online(tx, tw, last=True),
+        BOp.THREAD: lambda: thread.apply(_gelu_like(), tx, tw.sum(0)).acc_sum(),
     }
     if isinstance(op, TOp):
         value = BNode(op, _operands(op, positive, tw), _clamp_arg(op))

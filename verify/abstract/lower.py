@@ -16,6 +16,7 @@ from mugraph.ir.block import BlockGraph
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import BNode, KNode, toposort
+from mugraph.ir.thread import evaluate
 from mugraph.ir.ops import (ACCUMULATORS, BOp, KOp, LAST_DIM_ACCUMULATORS, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TOp)
 from mugraph.verify.abstract import expr as E
@@ -147,6 +148,8 @@ BLOCK_LOWER = {
     BOp.ACC_MAX_LAST: _max_acc,
     BOp.ACC_SUM_RESCALE: _sum_acc,
     BOp.ACC_SUM_LAST_RESCALE: _sum_acc,
+    BOp.THREAD: lambda node, a, forloop: evaluate(
+        node, a, lambda m, v: node_expression(m, v, forloop=forloop)),
 }
 
 
