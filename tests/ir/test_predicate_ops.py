@@ -68,6 +68,11 @@ ELEMENTWISE = {
     "lt": lambda x, y: jnp.where(x < y, x, y), "le": lambda x, y: jnp.where(x <= y, x, y),
     "eq": lambda x, y: jnp.where(x == y, 1.0, x), "ne": lambda x, y: jnp.where(x != y, y, 2.0),
     "mask_as_float": lambda x, y: (x > y).astype(jnp.float32) * 3.0 - (x <= 0.5),
+    # XLA rewrites x * convert(mask) as select(mask, x, 0): NaN/inf of x where the mask is false
+    # give 0 under jax.jit; through a broadcast it does not, and NaN * 0 stays NaN
+    "mask_multiply": lambda x, y: x * (y > 0.5).astype(x.dtype) + (x < 0).astype(x.dtype) * y,
+    "mask_multiply_broadcast": lambda x, y: x * (jnp.arange(8) < 3).astype(x.dtype),
+    "mask_multiply_of_masks": lambda x, y: x * ((y > 0.5).astype(x.dtype) * (y < 2).astype(x.dtype)),
     "isfinite": lambda x, y: jnp.where(jnp.isfinite(x), x, -1.0),
     "isnan": lambda x, y: jnp.where(jnp.isnan(x), 0.0, x),
     "isinf": lambda x, y: jnp.where(jnp.isinf(x), 7.0, x),
@@ -104,6 +109,18 @@ def test_masked_16_bit_programs_keep_their_dtype(dtype):
     graph = lifted_agrees(lambda a, b: jnp.where(a > b, jax.nn.leaky_relu(a), -jnp.inf), x, y,
                           rtol=1e-2)
     assert graph.outputs[0].dtype is ir.DType.parse(np.dtype(dtype).name)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * (jnp.arange(8) < 3).astype(x.dtype),
+    lambda x: x + 0.5 * (jnp.arange(8)[None, :] - jnp.arange(6)[:, None]).astype(x.dtype),
+    lambda x: x * (x > 0.5).astype(x.dtype),
+    lambda x: x * (jnp.arange(8) < 3000).astype(x.dtype),   # 3000 is past fp16's exact integers
+])
+def test_masks_and_indices_cast_to_16_bits_keep_the_program_16_bit(fn):
+    x = X.astype(np.float16)
+    graph = lifted_agrees(fn, x, rtol=1e-3)
+    assert graph.outputs[0].dtype is ir.DType.FLOAT16
 
 
 # ---- structures ----------------------------------------------------------------------------------
