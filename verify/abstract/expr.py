@@ -47,6 +47,11 @@ class Fn(Enum):
     TANH = "tanh"
     ERF = "erf"
     GELU = "gelu"
+    LEAKY_RELU = "leaky_relu"      # (x, slope)
+    GT = "gt"                      # (a, b): the predicate a > b; lt, ge, le are written with it
+    EQ = "eq"
+    IS_FINITE = "is_finite"
+    SELECT = "select"              # (c, a, b)
     RESCALED_SUM = "rescaled_sum"  # (x, m), param n: a rescaling accumulator the abstraction cannot read
 
 
