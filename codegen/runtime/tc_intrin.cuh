@@ -331,3 +331,16 @@ inline void mg_mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const un
   mgshim_mma(d, a, b, "mma.sync.m16n8k16.bf16", mgshim_mma_m16n8k16_complete<mgshim_b2f>);
 }
 #endif
+
+// ---- blocks that share one loop (split-K / split-KV): publish partial state, count finished blocks ------------
+// A block writes its partial state to global memory, fences, and one thread counts it in; the block that counts
+// last reads every partial (bypassing L1, which may hold none of them) and finishes the output.
+#if defined(__CUDACC__)
+MG_DEVICE void mg_threadfence() { __threadfence(); }
+MG_DEVICE unsigned mg_atomic_inc(unsigned* counter) { return atomicAdd(counter, 1u); }
+MG_DEVICE float mg_ldcg(const float* p) { return __ldcg(p); }
+#else
+inline void mg_threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline unsigned mg_atomic_inc(unsigned* counter) { return __atomic_fetch_add(counter, 1u, __ATOMIC_SEQ_CST); }
+inline float mg_ldcg(const float* p) { return *p; }
+#endif

@@ -7,7 +7,7 @@ import pytest
 
 from mugraph import ir
 from mugraph.ir import TOp
-from mugraph.ir.ops import BINARY
+from mugraph.ir.ops import BINARY, TERNARY
 from mugraph.verify import check, finite_field_test, float_diff
 from mugraph.verify.float_diff import (compare, large_value, random_inputs, softmax_reach,
                                        special_inputs)
@@ -108,7 +108,8 @@ def test_every_elementwise_op_runs_in_both_modes():
     pos = x * x + 1.0
     for op in TOp:
         arg = (-1.0, 1.0) if op is TOp.CLAMP else None
-        node = ir.KNode(op, (pos, pos) if op in BINARY else (pos,), arg)
+        srcs = (pos, pos) if op in BINARY else (pos.gt(x), pos, x) if op in TERNARY else (pos,)
+        node = ir.KNode(op, srcs, arg)
         assert float_diff(ir.KernelGraph([node]), ir.KernelGraph([node])).passed, op
 
 
