@@ -1,5 +1,6 @@
-"""IEEE special values through the generated CUDA on the CPU harness: every elementwise op, max reductions
-propagate NaN as XLA's do, and 16-bit rows whose sum passes the fp16 maximum stay finite (fp32 accumulation)."""
+"""IEEE special values through the generated CUDA on the CPU harness: every elementwise op agrees with the
+interpreter on NaN, ±inf, ±0, denormals and near-overflow values; max, min, relu and max reductions propagate
+NaN as XLA's do; 16-bit rows whose sum passes the fp16 maximum stay finite (fp32 accumulation)."""
 from __future__ import annotations
 
 import numpy as np
