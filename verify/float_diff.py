@@ -29,6 +29,7 @@ denormals), each placed where it means something for the program at hand.
 """
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -250,17 +251,17 @@ def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:
     arrays = [np.asarray(inputs[n.arg[0]], n.dtype.numpy) for n in spec.inputs]
     with np.errstate(all="ignore"):
         outs = origin.run(arrays)
-    return [np.asarray(o, np.float64).reshape(node.shape) if np.size(o) == np.prod(node.shape)
+    if len(outs) != len(spec.outputs):
+        return [np.asarray(o, np.float64) for o in outs]
+    return [np.asarray(o, np.float64).reshape(node.shape) if np.size(o) == math.prod(node.shape)
             else np.asarray(o, np.float64) for o, node in zip(outs, spec.outputs)]
 
 
 def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
     """The reference outputs of one case (see the module docstring for what is not compared)."""
     f64 = _run(spec, inputs, "float64")
-    origin = jax_origin(spec)
     spec_own = _run(spec, inputs, "own")
-    run, name = ((_jax_outputs(spec, origin, inputs), "jax.jit(fn)") if origin is not None
-                 else (spec_own, "spec"))
+    run, name = _own_run(spec, inputs, spec_own)
     expected, skip, lost = [], [], 0
     for node, e, r, o in zip(spec.outputs, f64, run, spec_own):
         want, held = _own_expected(node, e, r, case)
@@ -268,9 +269,26 @@ def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
         lost += int(np.sum(held & ~spec_held))
         expected.append(want)
         skip.append(~(held & spec_held))
-    disagreement = _disagreement(spec, f64, run) if origin is not None and case == "random" \
+    disagreement = _disagreement(spec, f64, run) if run is not spec_own and case == "random" \
         else None
     return Reference(f64, expected, skip, name, run, lost, disagreement)
+
+
+def _own_run(spec: KernelGraph, inputs, spec_own) -> tuple[list, str]:
+    """jax.jit(fn)'s outputs when the spec came from JAX, else the spec's own run; when jax.jit
+    cannot run, the spec's own run under a name that says so."""
+    origin = jax_origin(spec)
+    if origin is None:
+        return spec_own, "spec"
+    try:
+        outs = _jax_outputs(spec, origin, inputs)
+    except Exception as e:  # the user's function: report, do not crash the check
+        return spec_own, f"spec (jax.jit(fn) failed: {type(e).__name__}: {e})"
+    if len(outs) != len(spec.outputs) or any(np.shape(o) != n.shape
+                                             for o, n in zip(outs, spec.outputs)):
+        shapes = [tuple(np.shape(o)) for o in outs]
+        return spec_own, f"spec (jax.jit(fn) returns shapes {shapes}, not the graph's outputs)"
+    return outs, "jax.jit(fn)"
 
 
 def _disagreement(spec, f64, run) -> Difference | None:
@@ -359,7 +377,7 @@ def cached_reference(spec: KernelGraph, inputs, case: str, key: tuple) -> Refere
     """`reference`, remembered per spec (the search and the mutation tests check many candidates
     against one spec); `key` with `case` determines `inputs` (seed and scale)."""
     table = _REFERENCES.setdefault(spec, {})
-    full = (case, *key, id(jax_origin(spec)))
+    full = (case, *key, jax_origin(spec))
     if full not in table:
         if len(table) >= CACHED_PER_SPEC:
             table.pop(next(iter(table)))
