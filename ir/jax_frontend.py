@@ -805,7 +805,7 @@ def _call_body(eqn):
 
 
 RULES = {
-    "add": _binary(TOp.ADD), "sub": _binary(TOp.SUB), "mul": lift_mul, "div": _binary(TOp.DIV),
+    "add": _binary(TOp.ADD), "add_any": _binary(TOp.ADD), "sub": _binary(TOp.SUB), "mul": lift_mul, "div": _binary(TOp.DIV),
     "pow": _binary(TOp.POW), "max": lift_max, "min": lift_min, "clamp": lift_clamp,
     "neg": _unary(TOp.NEG), "exp": _unary(TOp.EXP), "log": _unary(TOp.LOG),
     "sqrt": _unary(TOp.SQRT), "rsqrt": _unary(TOp.RSQRT), "square": _unary(TOp.SQUARE),

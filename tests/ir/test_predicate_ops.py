@@ -93,6 +93,13 @@ ELEMENTWISE = {
     "prelu_tensor_slope": lambda x, y: jnp.where(x >= 0, x, y * x),
     "elu": lambda x, y: jax.nn.elu(x),
     "relu_by_where": lambda x, y: jnp.where(x > 0, x, 0.0),
+    "isclose": lambda x, y: jnp.where(jnp.isclose(x, y, atol=1.0), x, y),
+    "nan_to_num": lambda x, y: jnp.nan_to_num(x),
+    "heaviside": lambda x, y: jnp.heaviside(x, 0.5),
+    "softmax_where": lambda x, y: jax.nn.softmax(x, axis=-1, where=y > 0),
+    "safe_log": lambda x, y: jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), 0.0),
+    "leaky_relu_grad": lambda x, y: jax.grad(lambda a: jnp.sum(jax.nn.leaky_relu(a) * y))(x),
+    "logsumexp_grad": lambda x, y: jax.grad(lambda a: jnp.sum(jax.nn.logsumexp(a, -1)))(x),
     "hard_tanh_select": lambda x, y: jnp.where(jnp.abs(x) > 1, jnp.sign(x), x),
     "sign": lambda x, y: jnp.sign(x) * y,
 }
