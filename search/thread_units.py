@@ -104,7 +104,8 @@ def units(spec: KernelGraph) -> tuple[Unit, ...]:
         parts = regions(spec)
         for n in parts.roots + parts.operands:
             root, leaves = cone(n)
-            inner = {N.normalize(exprs[m]) for m in cone_nodes(n) if m is not n}
+            inner = {N.normalize(exprs[m]) for m in cone_nodes(n) if m is not n} \
+                - {N.normalize(exprs[leaf]) for leaf in leaves}     # x * 1 is x
             unit = Unit(root, tuple(exprs[leaf] for leaf in leaves), len(ops_of(root)),
                         tuple(inner))
             if unit.size >= 2 and (root, unit.leaves) not in seen:
