@@ -119,12 +119,21 @@ def _rms_norm(sem, node, x, dtype, lead: int = 0):
     return sem.elementwise(TOp.MUL, [x, r], None, dtype)
 
 
+def _iota(sem, node):
+    """Index k along `dim` is the constant k: any semantics with `constant` computes an iota."""
+    shape, dim, dtype = node.arg
+    unit = tuple(1 for _ in shape)
+    values = [sem.constant(float(k), unit, dtype) for k in range(shape[dim])]
+    return np.ascontiguousarray(np.broadcast_to(np.concatenate(values, axis=dim), shape))
+
+
 def _elementwise(sem, node, srcs):
     return sem.elementwise(node.op, srcs, node.arg, node.dtype)
 
 
 KERNEL_EVAL = {
     KOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
+    KOp.IOTA: lambda sem, n, s: _iota(sem, n),
     KOp.MATMUL: lambda sem, n, s: sem.matmul(s[0], s[1], n.dtype),
     KOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, n.dtype),
     KOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, n.dtype),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph, KNode, custom
 from mugraph.ir.errors import InvalidGraph
-from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TOp, UNARY
+from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TERNARY, TOp, UNARY, is_mask
 from mugraph.search.block_enum import BlockEnumerator, Goal
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
@@ -176,6 +176,12 @@ class KernelEnumerator:
                 if a.op is KOp.CONSTANT and b.op is KOp.CONSTANT:
                     continue
                 yield (a, b), None
+        elif op in TERNARY:  # select(c, a, b): a tensor predicate, branches of either kind
+            consts = [KNode(KOp.CONSTANT, (), (v, (1,), d)) for v, d in self.ctx.ops.constants]
+            masks = [n for n in nodes if is_mask(n)]
+            for c, a, b in itertools.product(masks, nodes + consts, nodes + consts):
+                if a is not b:
+                    yield (c, a, b), None
         elif op is KOp.MATMUL:
             for a, b in itertools.product(nodes, nodes):
                 yield (a, b), None

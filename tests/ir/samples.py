@@ -4,7 +4,7 @@ from __future__ import annotations
 from mugraph import ir
 from mugraph.ir import BNode, BOp, KNode, KOp, KernelGraph, TOp
 from mugraph.ir import thread
-from mugraph.ir.ops import BINARY
+from mugraph.ir.ops import BINARY, TERNARY
 
 F16 = "float16"
 
@@ -20,6 +20,7 @@ def kernel_sample(op) -> KernelGraph:
     build = {
         KOp.INPUT: lambda: x,
         KOp.CONSTANT: lambda: x * ir.constant(1.5, (1, 1, 4)),
+        KOp.IOTA: lambda: x * ir.iota((1, 3, 1), 1),
         KOp.MATMUL: lambda: x @ y,
         KOp.REDUCE_SUM: lambda: x.sum(1),
         KOp.REDUCE_MAX: lambda: x.amax(2),
@@ -32,10 +33,17 @@ def kernel_sample(op) -> KernelGraph:
     }
     if isinstance(op, TOp):
         pos = x * x + 1.0  # inside every op's domain
-        node = KNode(op, (pos, x.amax(0)) if op in BINARY else (pos,), _clamp_arg(op))
+        node = KNode(op, _operands(op, pos, x.amax(0)), _clamp_arg(op))
     else:
         node = build[op]()
     return KernelGraph([node])
+
+
+def _operands(op, x, y) -> tuple:
+    """Operands of an elementwise sample: a select picks by a mask comparing them."""
+    if op in TERNARY:
+        return (x.gt(y), x, y)
+    return (x, y) if op in BINARY else (x,)
 
 
 def _custom_node(x, y) -> KNode:
@@ -78,8 +86,8 @@ def block_sample(op) -> KernelGraph:
         BOp.THREAD: lambda: thread.apply(_gelu_like(), tx, tw.sum(0)).acc_sum(),
     }
     if isinstance(op, TOp):
-        value = BNode(op, (positive, tw), None) if op in BINARY else \
-            BNode(op, (positive,), _clamp_arg(op)) * tw
+        value = BNode(op, _operands(op, positive, tw), _clamp_arg(op))
+        value = value if op in BINARY or op in TERNARY else value * tw
         tile = value.acc_sum()
     else:
         tile = build[op]()

@@ -45,6 +45,19 @@ TOP_LOWER = {
     TOp.POW: lambda a, arg: E.power(a[0], a[1]),
     TOp.MAX: lambda a, arg: E.maximum(a[0], a[1]),
     TOp.MIN: lambda a, arg: E.minimum(a[0], a[1]),
+    TOp.ABS: lambda a, arg: E.maximum(a[0], E.neg(a[0])),                      # as JAX writes it
+    TOp.LOG1P: lambda a, arg: E.fn(Fn.LOG, E.add(E.const(1), a[0])),
+    TOp.EXPM1: lambda a, arg: E.sub(E.exp(a[0]), E.const(1)),
+    TOp.SOFTPLUS: lambda a, arg: E.fn(Fn.LOG, E.add(E.const(1), E.exp(a[0]))),
+    TOp.LEAKY_RELU: lambda a, arg: E.fn(Fn.LEAKY_RELU, a[0], a[1]),
+    TOp.GT: lambda a, arg: E.fn(Fn.GT, a[0], a[1]),
+    TOp.LT: lambda a, arg: E.fn(Fn.GT, a[1], a[0]),
+    TOp.GE: lambda a, arg: E.sub(E.const(1), E.fn(Fn.GT, a[1], a[0])),
+    TOp.LE: lambda a, arg: E.sub(E.const(1), E.fn(Fn.GT, a[0], a[1])),
+    TOp.EQ: lambda a, arg: E.fn(Fn.EQ, a[0], a[1]),
+    TOp.NE: lambda a, arg: E.sub(E.const(1), E.fn(Fn.EQ, a[0], a[1])),
+    TOp.IS_FINITE: lambda a, arg: E.fn(Fn.IS_FINITE, a[0]),
+    TOp.SELECT: lambda a, arg: E.fn(Fn.SELECT, a[0], a[1], a[2]),
 }
 
 
@@ -78,9 +91,17 @@ def _custom(node: KNode, a) -> Expr:
     return block_expressions(graph, a)[graph.outputs[index].node]
 
 
+def _iota(node: KNode, a) -> Expr:
+    """An index tensor is a leaf of its own, one per (shape, dim); '%' keeps it apart from
+    the inputs the JAX front end names (identifiers)."""
+    shape, dim, _ = node.arg
+    return E.var(f"%iota{dim}", shape)
+
+
 KERNEL_LOWER = {
     KOp.INPUT: _kernel_input,
     KOp.CONSTANT: lambda node, a: E.const(node.arg[0]),
+    KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce(E.reduce_sum),
     KOp.REDUCE_MAX: _reduce(E.reduce_max),
