@@ -18,7 +18,7 @@ from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
-from mugraph.search.views import over_inputs, view_tensors
+from mugraph.search.views import as_shape, over_inputs, same_extents, view_tensors
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
 
@@ -129,11 +129,11 @@ class KernelEnumerator:
     def _complete(self, tensors) -> KernelGraph | None:
         outs = []
         for node, expr in self.spec_outputs:
-            match = next((t for t in reversed(tensors) if t.node.shape == node.shape
+            match = next((t for t in reversed(tensors) if same_extents(t.node.shape, node.shape)
                           and self.ctx.pruner.same(t.expr, expr)), None)
             if match is None:
                 return None
-            outs.append(match.node)
+            outs.append(as_shape(match.node, node.shape))   # keepdims or not: a view
         if all(over_inputs(o) for o in outs):
             return None
         try:
@@ -158,7 +158,8 @@ class KernelEnumerator:
         if not final:
             return Goal(self.ctx.config.max_block_outputs)
         missing = tuple((expr, node.shape) for node, expr in self.spec_outputs
-                        if not any(t.node.shape == node.shape and self.ctx.pruner.same(t.expr, expr)
+                        if not any(same_extents(t.node.shape, node.shape)
+                                   and self.ctx.pruner.same(t.expr, expr)
                                    for t in tensors))
         return Goal(len(missing), missing)
 
