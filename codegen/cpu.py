@@ -81,7 +81,8 @@ class _LaunchConfig(ctypes.Structure):  # mirrors mgshim::LaunchConfig in cuda_c
     _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem_bytes", ctypes.c_uint64),
                 ("seed", ctypes.c_uint64), ("stack_bytes", ctypes.c_uint64), ("schedule", ctypes.c_int32),
                 ("landing", ctypes.c_int32), ("workers", ctypes.c_int32), ("fault", ctypes.c_int32),
-                ("message", ctypes.c_char * 2048)]
+                ("message", ctypes.c_char * 2048), ("blocks", ctypes.POINTER(ctypes.c_uint64)),
+                ("nblocks", ctypes.c_uint64)]
 
 
 _SCALARS = {"b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
@@ -104,8 +105,11 @@ class CpuModule:
 
     def run(self, entry: str | None, args: Sequence[Any], grid, block, smem_bytes: int = 0, *,
             schedule: str | None = None, seed: int | None = None, workers: int | None = None,
-            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES) -> None:
+            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES, blocks: Sequence[int] | None = None
+            ) -> None:
         """Launch ``entry`` on the CPU; raises KernelFault when the shim detects a fault.
+
+        ``blocks``: run only these blocks (linear ids, x fastest) of the grid, e.g. a sample of a large grid.
 
         ``args``: numpy arrays (C-contiguous; passed by address), raw addresses or None for pointer parameters,
         Python numbers for the rest. ``schedule``: rr | reverse | random | warpgreedy, with ``seed`` for the
@@ -118,6 +122,10 @@ class CpuModule:
         keep_alive = _pack_args(name, self.signature(name), args)
         pointers = (ctypes.c_void_p * max(1, len(keep_alive)))(*[ctypes.addressof(a) for a in keep_alive])
         cfg = _launch_config(grid, block, smem_bytes, schedule, seed, workers, cp_async, stack_bytes)
+        ids = None
+        if blocks is not None:
+            ids = (ctypes.c_uint64 * max(1, len(blocks)))(*[int(b) for b in blocks])
+            cfg.blocks, cfg.nblocks = ctypes.cast(ids, ctypes.POINTER(ctypes.c_uint64)), len(blocks)
         if getattr(self._lib, f"mg_cpu_launch_{name}")(pointers, ctypes.byref(cfg)) != 0:
             kind = FAULT_KINDS.get(cfg.fault, f"fault {cfg.fault}")
             raise KernelFault(kind, cfg.message.decode(errors="replace"), entry=name)

@@ -69,6 +69,8 @@ struct LaunchConfig {
   int32_t workers;
   int32_t fault;      // out: a Fault
   char message[2048]; // out: what went wrong and where
+  const uint64_t* blocks;  // linear block ids to run (x fastest), or null for the whole grid
+  uint64_t nblocks;        // how many ids `blocks` holds
 };
 
 constexpr uint64_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in maximum per block
@@ -496,7 +498,8 @@ class Worker {  // runs blocks one at a time on one OS thread
              (unsigned long long)L_.cfg->stack_bytes);
       return;
     }
-    for (long id; L_.fault.load() == kOk && (id = L_.next_block++) < L_.nblocks;) run_block(id);
+    for (long k; L_.fault.load() == kOk && (k = L_.next_block++) < L_.nblocks;)
+      run_block(L_.cfg->blocks ? (long)L_.cfg->blocks[k] : k);
   }
 
  private:
@@ -586,6 +589,9 @@ inline bool validate(Launch& L) {
   else if (c.stack_bytes < 16384 || c.stack_bytes % 4096)
     report(L, kBadLaunch, "stack_bytes must be a multiple of 4096 and >= 16384, got %llu",
            (unsigned long long)c.stack_bytes);
+  for (uint64_t k = 0; c.blocks && k < c.nblocks && L.fault.load() == kOk; ++k)
+    if (c.blocks[k] >= (uint64_t)c.grid[0] * c.grid[1] * c.grid[2])
+      report(L, kBadLaunch, "block %llu of the block list is outside the grid", (unsigned long long)c.blocks[k]);
   return L.fault.load() == kOk;
 }
 
@@ -613,7 +619,7 @@ inline int32_t run_launch(void (*body)(const void*), const void* args, LaunchCon
   L.args = args;
   L.grid = {cfg->grid[0], cfg->grid[1], cfg->grid[2]};
   L.block = {cfg->block[0], cfg->block[1], cfg->block[2]};
-  L.nblocks = (long)L.grid.x * L.grid.y * L.grid.z;
+  L.nblocks = cfg->blocks ? (long)cfg->nblocks : (long)L.grid.x * L.grid.y * L.grid.z;
   try {
     if (validate(L)) run_workers(L, std::min<long>(std::max(cfg->workers, 1), L.nblocks));
   } catch (const std::exception& e) {
