@@ -184,7 +184,7 @@ class Lowering:
             return  # placed by copies.lower_inputs
         if op is BOp.CONSTANT:
             self.place[node] = Const(R.literal(node.arg[0]))
-        elif isinstance(op, TOp):
+        elif isinstance(op, TOp) or op is BOp.THREAD:
             elementwise.lower_elementwise(self, node)
         elif op in RULES:
             RULES[op](self, node)

@@ -45,6 +45,7 @@ from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import KNode, toposort
 from mugraph.ir.ops import ACCUMULATORS, BLOCK_REDUCE, BOp, KERNEL_LAYOUT, KERNEL_LEAF, KOp, TOp
 from mugraph.ir.shapes import mma_dtype
+from mugraph.ir.thread import ops_of
 from mugraph.search.targets import Target, get_target
 
 # ---- shapes the code generator uses ---------------------------------------------------------------
@@ -68,6 +69,10 @@ ELEMENTWISE_FLOPS: dict[TOp, int] = {
     TOp.ERF: 16,                     # polynomial approximation with an exp
     TOp.GELU: 20,                    # erf + 3 muls/adds
     TOp.POW: 11,                     # lg2 + mul + ex2
+    TOp.ABS: 1, TOp.IS_FINITE: 2, TOp.SELECT: 1, TOp.LEAKY_RELU: 2,
+    TOp.GT: 1, TOp.GE: 1, TOp.LT: 1, TOp.LE: 1, TOp.EQ: 1, TOp.NE: 1,
+    TOp.LOG1P: 8, TOp.EXPM1: 8,      # lg2/ex2 (MUFU) + a correction polynomial
+    TOp.SOFTPLUS: 15,                # max + abs + exp + log1p + add
 }
 
 
@@ -224,6 +229,8 @@ def block_node_flops(node) -> tuple[int, int]:
         return 0, _norm_flops(node.shape, node.arg[0])
     if op in ACCUMULATORS:
         return 0, _acc_flops(node)
+    if op is BOp.THREAD:
+        return 0, sum(ELEMENTWISE_FLOPS[t.op] for t in ops_of(node.arg)) * _elems(node.shape)
     return 0, 0
 
 
@@ -380,6 +387,20 @@ def _library_kernel(name: str, node: KNode, t: Target, launch: float) -> KernelE
                               "compute": max(tc / t.tc_flops, simt / t.simt_flops)}, launch)
     kind = "copy" if node.op in KERNEL_LAYOUT else "library"
     return KernelEstimate(name, kind, seconds, hbm, tc, simt, 0, 0, 0, 0, bound)
+
+
+def fused_kernel(name: str, reads, write_bytes: int, tc_flops: int, simt_flops: int,
+                 target="h100", *, cuda_graph: bool = False) -> KernelEstimate:
+    """One vendor-style kernel (a library call, an XLA fusion) that reads the tensors `reads` once
+    each (a layout view counts as its root, constants are free) and writes `write_bytes`: the
+    library-kernel formula of the module docstring. Used by `search.baseline`."""
+    t = get_target(target)
+    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    hbm = sum(_unique_bytes(r) for r in {_root(n) for n in reads}) + write_bytes
+    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
+                              "compute": max(tc_flops / t.tc_flops, simt_flops / t.simt_flops)},
+                             launch)
+    return KernelEstimate(name, "library", seconds, hbm, tc_flops, simt_flops, 0, 0, 0, 0, bound)
 
 
 def _distinct_tiles(mapped, grid, concurrent: int) -> int:

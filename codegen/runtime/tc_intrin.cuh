@@ -119,8 +119,9 @@ MG_DEVICE float mg_sqrt(float x) { return sqrtf(x); }
 MG_DEVICE float mg_rsqrt(float x) { return rsqrtf(x); }
 MG_DEVICE float mg_tanh(float x) { return tanhf(x); }
 MG_DEVICE float mg_erf(float x) { return erff(x); }
-MG_DEVICE float mg_fmax(float a, float b) { return fmaxf(a, b); }
-MG_DEVICE float mg_fmin(float a, float b) { return fminf(a, b); }
+// max/min propagate NaN as XLA's do (fmaxf/fminf return the other operand): a NaN makes a + b NaN
+MG_DEVICE float mg_fmax(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+MG_DEVICE float mg_fmin(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
 #else
 inline float mg_exp(float x) { return std::exp(x); }
 inline float mg_log(float x) { return std::log(x); }
@@ -128,8 +129,8 @@ inline float mg_sqrt(float x) { return std::sqrt(x); }
 inline float mg_rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float mg_tanh(float x) { return std::tanh(x); }
 inline float mg_erf(float x) { return std::erf(x); }
-inline float mg_fmax(float a, float b) { return std::fmax(a, b); }
-inline float mg_fmin(float a, float b) { return std::fmin(a, b); }
+inline float mg_fmax(float a, float b) { return (a != a || b != b) ? a + b : std::fmax(a, b); }
+inline float mg_fmin(float a, float b) { return (a != a || b != b) ? a + b : std::fmin(a, b); }
 #endif
 
 // ---- warp shuffles (full warp): shfl.sync.bfly / shfl.sync.idx --------------------------------------------------
