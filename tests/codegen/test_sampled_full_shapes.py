@@ -50,3 +50,12 @@ def test_a_wrong_tile_is_caught(monkeypatch):
     w = workloads.get("ntrans").small()
     (check,) = run_sampled(w.reference(), w.random_inputs(0), picks=0)
     assert check.max_error > 0.1
+
+
+def test_a_split_loop_at_full_shape_runs_every_cta_of_its_sampled_blocks():
+    from tests.gpu.test_workloads_gpu import _split_graph
+    g = _split_graph()
+    rng = np.random.default_rng(5)
+    arrays = [(rng.standard_normal(s) * 0.5).astype(np.float16) for s in ((16, 4096), (4096, 384))]
+    (check,) = run_sampled(g, arrays, picks=0)
+    assert check.splits > 1 and check.max_error <= TOLERANCE, str(check)
