@@ -221,8 +221,13 @@ def render_index(summaries: list, archs: tuple, label: str) -> str:
         spills = " / ".join(str(sum(k[2] for k in s.facts[a].kernels.values())) for a in archs)
         hmma = " / ".join(_total(s.facts[a].hmma) for a in archs)
         lines.append(f"| [{folder}]({folder}/report.md) | {s.description} | {s.launches} | {regs} | {spills} | "
-                     f"{hmma} | {s.cpu_check.split(':')[0]} |")
+                     f"{hmma} | {_verdict(s.cpu_check)} |")
     return "\n".join(lines) + "\n"
+
+
+def _verdict(line: str) -> str:
+    """pass, FAIL or not run: the verdict of a CPU-harness line."""
+    return next((v for v in ("FAIL", "pass", "not run") if f": {v}" in line), "?")
 
 
 def _total(counts: dict) -> str:
