@@ -58,7 +58,7 @@ def lower_inputs(lw: Lowering) -> None:
         ptr = buf
         if looped and stages > 1:
             ptr = f"{buf}c"
-            lw.loop_head.append(f"{ctype}* const {buf}c = {buf} + it % {stages} * {layout.elems};")
+            lw.loop_head.append(f"MG_SPTR({ctype}) const {buf}c = {buf} + it % {stages} * {layout.elems};")
         lw.place[node] = Tile(buf, ptr, layout, spec.dtype, tile)
         if rows_p != rows or cols_p != cols:
             pad_lines += pad_tile(lw, buf, layout, rows, cols, stages)

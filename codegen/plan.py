@@ -343,4 +343,4 @@ class GraphPlanner:
 def param_ctype(dtype: DType | None, const: bool) -> str:
     """A pointer parameter's C type; ``dtype`` None: the unsigned counters of a split loop."""
     storage = "unsigned" if dtype is None else DTYPE_C[dtype].storage
-    return f"{'const ' if const else ''}{storage}* __restrict__"
+    return f"MG_PARAM({'const ' if const else ''}{storage})"
