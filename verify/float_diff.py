@@ -17,7 +17,7 @@ from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
-from mugraph.verify.finite_field import single_threaded_blas
+from mugraph.verify.field import single_threaded_blas
 
 OWN_TOLERANCE = {DType.FLOAT32: 1e-4, DType.FLOAT16: 1e-2, DType.BFLOAT16: 1e-2}
 FLOAT64_TOLERANCE = 1e-9

@@ -19,7 +19,7 @@ from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
 from mugraph.ir.node import BNode, KNode, toposort
 from mugraph.ir.ops import BINARY, BOp, KOp, TOp, UNARY
-from mugraph.verify.finite_field import single_threaded_blas
+from mugraph.verify.field import single_threaded_blas
 from mugraph.verify.float_diff import compare, random_inputs
 
 EQUIVALENT_TOLERANCE = 1e-10   # float64 relative error below which a mutant counts as equivalent
