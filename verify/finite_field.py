@@ -118,7 +118,7 @@ class Draw:
 
     field: Field
     key: int
-    inputs_seed: np.random.SeedSequence
+    seed: int
     test: int
     attempt: int
 
@@ -129,18 +129,19 @@ class Draw:
 @functools.lru_cache(maxsize=256)
 def make_draw(seed: int, test: int, attempt: int) -> Draw:
     """Deterministic in (seed, test, attempt): a fresh random prime, generator, key and inputs."""
-    ss = np.random.SeedSequence(seed, spawn_key=(test, attempt))
-    key_ss, field_ss, inputs_ss = ss.spawn(3)
+    key_ss, field_ss = (np.random.SeedSequence(seed, spawn_key=(test, attempt, part))
+                        for part in (0, 1))
     field = field_for_draw(np.random.default_rng(field_ss))
     key = int.from_bytes(key_ss.generate_state(4, np.uint32).tobytes(), "little")  # 128 bits
-    return Draw(field, key, inputs_ss, test, attempt)
+    return Draw(field, key, seed, test, attempt)
 
 
 def draw_inputs(graph: KernelGraph, draw: Draw, exponents: bool = True) -> dict[str, np.ndarray]:
-    """Independent uniform elements for every input (one child seed per input)."""
+    """Independent uniform elements for every input (one seed per input position)."""
     arrays = {}
-    for node, ss in zip(graph.inputs, draw.inputs_seed.spawn(len(graph.inputs))):
-        rng = np.random.default_rng(ss)
+    for i, node in enumerate(graph.inputs):
+        rng = np.random.default_rng(np.random.SeedSequence(
+            draw.seed, spawn_key=(draw.test, draw.attempt, 2, i)))
         residues = rng.integers(0, draw.field.p, node.shape, np.int64)
         if exponents:
             residues = join(residues, rng.integers(0, draw.field.q, node.shape, np.int64))
