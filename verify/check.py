@@ -131,13 +131,14 @@ def check(spec: KernelGraph, candidate: KernelGraph, *, tests: int | None = None
     fl = float_diff(spec, candidate, seed=seed, scale=scale)
     proof, status = _formal(spec, candidate, rlimit) if formal else (None, "skipped")
     methods = (_ff_method(ff, ff_error),) + _float_methods(fl) + (_formal_method(proof, status),)
-    verdict, reason = _decide(methods, require_proof)
+    verdict, reason = _decide(methods, require_proof, fl)
     bound = ff.error_bound if ff is not None and ff.passed else 1.0
     return VerificationReport(verdict == EQUIVALENT, bound, ff, fl, proof, status,
                               time.perf_counter() - start, seed, reason, verdict, methods, target)
 
 
 METHODS = ("finite field", "float64", "own precision", "special values", "formal")
+
 
 
 def _check_arguments(shapes: str, target: float) -> None:
@@ -225,14 +226,19 @@ def _formal_method(proof, status: str) -> MethodResult:
     return MethodResult("formal", status, why)
 
 
-def _decide(methods, require_proof: bool) -> tuple[str, str | None]:
+def _decide(methods, require_proof: bool, fl) -> tuple[str, str | None]:
     """The verdict from the method lines: any failure is NOT EQUIVALENT; a method that must
     establish equivalence and did not (the field bound, a required proof) is NOT ESTABLISHED."""
     by_name = {m.name: m for m in methods}
     field = by_name["finite field"]
-    failed = [f"{m.name} failed: {m.why}" for m in methods if m.status == "failed"]
+    failed = []
     if field.status == "skipped":
-        failed.insert(0, f"finite-field test {field.why}")
+        failed.append(f"finite-field test {field.why}")
+    elif field.status == "failed":
+        failed.append(f"finite-field test failed: {field.why}")
+    if not fl.passed:
+        failed.append("float differential test failed: "
+                      + "; ".join(str(m) for m in fl.modes if not m.passed))
     if failed:
         return NOT_EQUIVALENT, "; ".join(failed)
     if field.status != "passed":

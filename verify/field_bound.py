@@ -14,6 +14,7 @@ from mugraph.ir.errors import VerificationError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import BNode
 from mugraph.ir.ops import ACCUMULATORS, BOp, KOp, TOp
+from mugraph.ir.thread import evaluate as evaluate_thread
 from mugraph.verify.field import Q_MIN
 from mugraph.verify.field_semantics import FF_ELEMENTWISE
 
@@ -218,8 +219,19 @@ def _concat(sem, node, *args) -> Term:
                 frozenset({dim} if den else ()).union(*(a.den_vary for a in args)))
 
 
+def _iota(sem, node) -> Term:
+    shape, dim, _ = node.arg
+    return Term(0, 0, vary=frozenset({dim - len(shape)} if shape[dim] > 1 else ()))
+
+
+def _thread(sem, node, *srcs) -> Term:
+    """A thread graph: its expanded elementwise nodes, run on the same symbolic semantics."""
+    return evaluate_thread(node, srcs, lambda m, v: _node_term(sem, m, v))
+
+
 STRUCTURAL = {
     KOp.CONSTANT: lambda sem, node: sem.element(node.arg[0]),
+    KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce_sum,
     KOp.REDUCE_MAX: _reduce_max,
@@ -233,6 +245,7 @@ STRUCTURAL = {
     BOp.REDUCE_SUM: _reduce_sum,
     BOp.REDUCE_MAX: _reduce_max,
     BOp.RMS_NORM: _rms,
+    BOp.THREAD: _thread,
 }
 
 
@@ -273,6 +286,13 @@ ACCUMULATOR = {
     BOp.ACC_SUM_RESCALE: _rescaled,
     BOp.ACC_SUM_LAST_RESCALE: _rescaled,
 }
+
+
+# the op-table walk's view: every kernel / block op's degree rule, structural or elementwise
+KERNEL_DEGREE = {op: rule for op, rule in STRUCTURAL.items() if isinstance(op, KOp)} | \
+    {op: _elementwise for op in TOp}
+BLOCK_DEGREE = {op: rule for op, rule in STRUCTURAL.items() if isinstance(op, BOp)} | \
+    {op: _elementwise for op in TOp}
 
 
 def _node_term(sem, node, srcs) -> Term:

@@ -12,8 +12,8 @@ import numpy as np
 from mugraph.ir.errors import MugraphError, VerificationError
 from mugraph.ir.ops import TOp
 from mugraph.verify.field import (BOTTOM, P_BITS, Field, Permutation, as_u64, derive_key,
-                                  exact_matmul, inverse_mod, is_bottom, join, mix64, p_part,
-                                  power_of_g, powmod, q_part)
+                                  exact_matmul, inverse_mod, join, mix64, p_part, power_of_g,
+                                  powmod, q_part)
 
 _Q_SALT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -226,6 +226,7 @@ def _half_integers(field: Field) -> dict[int, float]:
 #     be written in terms of them, as below; its bound then follows from theirs.
 UNINTERPRETED = {
     TOp.LOG: 1, TOp.SQRT: 1, TOp.SILU: 1, TOp.GELU: 1, TOp.SIGMOID: 1, TOp.TANH: 1, TOp.ERF: 1,
+    TOp.IS_FINITE: 1, TOp.LEAKY_RELU: 2,
 }
 
 
@@ -256,6 +257,30 @@ def _clamp(sem, x, arg):
     return sem.lattice("min", sem.lattice("max", x, low), high)
 
 
+def _greater(sem, a, b):
+    """The one uninterpreted order test, gt(a, b); the other comparisons are its real identities
+    (never the max's permutation: ties have probability ~1/p, so gt and ge would agree)."""
+    return sem.oracle(TOp.GT, None, a, b)
+
+
+def _not(sem, mask):
+    return sem.sub(sem.element(1.0), mask)
+
+
+def _eq(sem, a, b, arg):
+    return sem.sub(_not(sem, _greater(sem, a, b)), _greater(sem, b, a))
+
+
+def _select(sem, c, a, b, arg):
+    """b + T(c)·(a − b), T(c) an uninterpreted function standing for [c != 0]: exact in a and b
+    (tilings and factorings of the branches verify), and sound for any c, not only masks."""
+    return sem.add(b, sem.mul(sem.oracle(TOp.SELECT, None, c), sem.sub(a, b)))
+
+
+def _log_of(sem, x):
+    return sem.oracle(TOp.LOG, None, x)
+
+
 FF_ELEMENTWISE = {
     TOp.ADD: lambda sem, a, b, arg: sem.add(a, b),
     TOp.SUB: lambda sem, a, b, arg: sem.sub(a, b),
@@ -270,9 +295,16 @@ FF_ELEMENTWISE = {
     TOp.RELU: lambda sem, x, arg: sem.lattice("max", x, sem.element(0.0)),
     TOp.CLAMP: _clamp,
     TOp.RSQRT: lambda sem, x, arg: sem.inverse(sem.oracle(TOp.SQRT, None, x)),
+    TOp.ABS: lambda sem, x, arg: sem.lattice("max", x, sem.neg(x)),
+    TOp.LOG1P: lambda sem, x, arg: _log_of(sem, sem.add(x, sem.element(1.0))),
+    TOp.EXPM1: lambda sem, x, arg: sem.sub(sem.exp(x), sem.element(1.0)),
+    TOp.SOFTPLUS: lambda sem, x, arg: _log_of(sem, sem.add(sem.exp(x), sem.element(1.0))),
+    TOp.GT: lambda sem, a, b, arg: _greater(sem, a, b),
+    TOp.LT: lambda sem, a, b, arg: _greater(sem, b, a),
+    TOp.GE: lambda sem, a, b, arg: _not(sem, _greater(sem, b, a)),
+    TOp.LE: lambda sem, a, b, arg: _not(sem, _greater(sem, a, b)),
+    TOp.EQ: _eq,
+    TOp.NE: lambda sem, a, b, arg: _not(sem, _eq(sem, a, b, None)),
+    TOp.SELECT: _select,
 } | {op: _uninterpreted(op, k) for op, k in UNINTERPRETED.items()}
 
-
-def is_exponent_free(value) -> np.ndarray:
-    """Elementwise: the packed value still has its exponent image (tests use it)."""
-    return ~is_bottom(value)

@@ -96,12 +96,12 @@ from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
 from mugraph.verify.field import (Field, exact_matmul, field_for_draw, join, mix64,
                                   single_threaded_blas)
-from mugraph.verify.field_bound import (PairBound, degree_bound, output_degrees, pair_bound,
-                                        tests_needed)
+from mugraph.verify.field_bound import (BLOCK_DEGREE, KERNEL_DEGREE, PairBound, degree_bound,
+                                        output_degrees, pair_bound, tests_needed)
 from mugraph.verify.field_semantics import (FF_ELEMENTWISE, UNINTERPRETED, FiniteFieldSemantics,
                                             NeedsExponents, ZeroDivisorDrawn)
 
-__all__ = ["FF_ELEMENTWISE", "UNINTERPRETED", "Draw", "Field", "FiniteFieldResult",
+__all__ = ["BLOCK_DEGREE", "FF_ELEMENTWISE", "KERNEL_DEGREE", "UNINTERPRETED", "Draw", "Field", "FiniteFieldResult",
            "FiniteFieldSemantics", "TARGET_BOUND", "ZeroDivisorDrawn", "clear_caches",
            "degree_bound", "draw_inputs", "evaluate", "exact_matmul", "finite_field_test",
            "make_draw", "mix64", "output_degrees", "pair_bound", "single_threaded_blas"]

@@ -12,7 +12,7 @@ import pytest
 from mugraph import ir
 from mugraph.ir import BOp, KNode, KOp, TOp
 from mugraph.ir.errors import VerificationError
-from mugraph.ir.ops import BINARY, UNARY
+from mugraph.ir.ops import BINARY, TERNARY, UNARY
 from mugraph.verify import field_bound, finite_field as ff
 from mugraph.verify.field import (Q_MIN, Field, Permutation, exact_matmul, field_for_draw, join,
                                   p_part, q_part, random_safe_prime)
@@ -246,21 +246,23 @@ def test_every_op_has_a_field_meaning_and_a_bound_rule():
 
 
 def _swapped(graph, op):
-    """The sample with its last op replaced by another of the same arity (None if none fits)."""
+    """The sample with its last op replaced by another op of the same arity (a ternary select
+    with its branches exchanged; a clamp with another range)."""
     node = graph.outputs[0]
+    if op is TOp.CLAMP:
+        return ir.KernelGraph([node.srcs[0].clamp(-1.0, 2.0)])
+    if op in TERNARY:
+        c, a, b = node.srcs
+        return ir.KernelGraph([KNode(op, (c, b, a), node.arg)])
     group = UNARY if op in UNARY else BINARY
-    for other in sorted(group - {op}, key=lambda o: o.value):
-        if other is TOp.CLAMP or op is TOp.CLAMP:
-            continue
-        return ir.KernelGraph([KNode(other, node.srcs, None)])
-    return None
+    other = min(group - {op, TOp.CLAMP}, key=lambda o: o.value)
+    return ir.KernelGraph([KNode(other, node.srcs, None)])
 
 
 @pytest.mark.parametrize("op", sorted(TOp, key=lambda o: o.value), ids=str)
 def test_every_elementwise_op_is_told_apart_from_another_op(op):
     graph = kernel_sample(op)
-    other = _swapped(graph, op) if op is not TOp.CLAMP else \
-        ir.KernelGraph([graph.outputs[0].srcs[0].clamp(-1.0, 2.0)])
+    other = _swapped(graph, op)
     result = finite_field_test(graph, other, seed=0)
     assert not result.passed, f"{op.value} cannot be told from {other.outputs[0].op.value}"
 
