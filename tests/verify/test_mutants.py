@@ -16,8 +16,8 @@ from mugraph.verify.mutate import (EQUIVALENT, SEPARATED, UNDECIDED, Oracle, kil
                                    oracle_inputs, replace_block, rewrite_block)
 
 MIN_MUTANTS = 20
-LIMIT = 40          # per workload (seeded order)
-CHECK_LIMIT = 15    # the whole check per mutant costs more
+LIMIT = 30          # per workload (seeded order)
+CHECK_LIMIT = 10    # the whole check per mutant costs more
 KINDS = {"imap", "fmap", "omap", "off-by-one", "accumulator", "swap", "drop", "duplicate",
          "constant", "wrong-op", "wrong-operand"}
 
@@ -108,7 +108,7 @@ def test_equivalent_mutants_are_discarded_and_counted():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lora", "ntrans", "gqa"])
+@pytest.mark.parametrize("name", ["lora", "ntrans"])
 def test_the_field_test_kills_mutants_at_full_shape(name):
     w = workloads.get(name)
     reference = w.reference()
