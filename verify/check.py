@@ -105,7 +105,8 @@ def interface_mismatch(spec: KernelGraph, candidate: KernelGraph) -> str | None:
 def check(spec: KernelGraph, candidate: KernelGraph, *, tests: int | None = None,
           seed: int | None = None, shapes: str = "given", formal: bool = True,
           scale: float = 1.0, target: float = TARGET_BOUND, max_tests: int = MAX_TESTS,
-          rlimit: int | None = None, require_proof: bool = False) -> VerificationReport:
+          sample_blocks: int | None = None, rlimit: int | None = None,
+          require_proof: bool = False) -> VerificationReport:
     """Verify `candidate` against `spec`.
 
     tests: finite-field tests (default: as many as the bound needs to reach `target`, at most
@@ -114,6 +115,9 @@ def check(spec: KernelGraph, candidate: KernelGraph, *, tests: int | None = None
     shapes: "given" (the graphs' own shapes; the only mode: graphs carry concrete shapes).
     formal: also run the Z3 proof (recorded; it vetoes only with require_proof=True).
     scale: the float test's inputs are N(0, 1) · scale (keep exp-heavy programs finite).
+    sample_blocks: the finite-field tests compare that many random 64×64 tiles of every output
+    per test instead of every element (`verify/sampling.py`); the verdict line says so, and the
+    bound covers the compared elements only.
     """
     start = time.perf_counter()
     _check_arguments(shapes, target)
@@ -127,7 +131,7 @@ def check(spec: KernelGraph, candidate: KernelGraph, *, tests: int | None = None
         return VerificationReport(False, 1.0, None, None, None, "skipped",
                                   time.perf_counter() - start, seed, mismatch, NOT_EQUIVALENT,
                                   methods, target)
-    ff, ff_error = _finite_field(spec, candidate, tests, seed, target, max_tests)
+    ff, ff_error = _finite_field(spec, candidate, tests, seed, target, max_tests, sample_blocks)
     fl = float_diff(spec, candidate, seed=seed, scale=scale)
     proof, status = _formal(spec, candidate, rlimit) if formal else (None, "skipped")
     methods = (_ff_method(ff, ff_error),) + _float_methods(fl) + (_formal_method(proof, status),)
@@ -151,10 +155,10 @@ def _check_arguments(shapes: str, target: float) -> None:
                            hint="the bound to reach, e.g. 2.0 ** -40")
 
 
-def _finite_field(spec, candidate, tests, seed, target, max_tests):
+def _finite_field(spec, candidate, tests, seed, target, max_tests, sample_blocks=None):
     try:
         return finite_field_test(spec, candidate, tests=tests, seed=seed, target=target,
-                                 max_tests=max_tests), None
+                                 max_tests=max_tests, sample_blocks=sample_blocks), None
     except VerificationError as e:
         return None, str(e)
 
@@ -166,6 +170,8 @@ def _ff_method(ff: FiniteFieldResult | None, error: str | None) -> MethodResult:
     if not ff.passed:
         return MethodResult(name, "failed", ff.failure)
     bound = f"bound {_power(ff.error_bound)} over {ff.tests} tests, target {_power(ff.target)}"
+    if ff.sampled:
+        bound += f"; on {ff.sampled}"
     if not ff.established:
         return MethodResult(name, "not established", f"{bound}; {ff.why_weak()}")
     return MethodResult(name, "passed", bound)

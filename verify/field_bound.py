@@ -330,6 +330,11 @@ def _full(n: int):
     return (("full", n), n)
 
 
+def _entry(key, size: int, extent: int):
+    """A box entry; one that covers its whole extent is the same set whatever path built it."""
+    return _full(extent) if size >= extent else (key, size)
+
+
 def _aligned(src_shape, box, out_shape) -> tuple:
     lead = len(out_shape) - len(src_shape)
     return tuple(ONE if n == 1 else box[lead + i] for i, n in enumerate(src_shape))
@@ -410,9 +415,10 @@ def _enter_block(node, box, cone: Cone) -> None:
     bg, which = node.arg
     out = bg.outputs[which]
     tile = out.node.shape
-    dims = tuple((("tile", key), min(size, tile[j])) if size > 1 else (("at", key), 1)
+    dims = tuple(_entry(("tile", key), size, tile[j]) if size > 1 else _entry(("at", key), 1,
+                                                                              tile[j])
                  for j, (key, size) in enumerate(box))
-    blocks = tuple((("blocks", g, box[d][0]), min(bg.grid[g], box[d][1])) if d is not None
+    blocks = tuple(_entry(("blocks", g, box[d][0]), box[d][1], bg.grid[g]) if d is not None
                    else ONE for g, d in enumerate(out.omap))
     inner = Cone()
     inner.reach(out.node, (dims, blocks, ONE))
@@ -450,7 +456,7 @@ def _tensor_box(spec, bbox) -> tuple:
         if spec.fmap == d:
             parts.append(iteration[0])
             size *= iteration[1]
-        out.append((("input", spec.index, d) + tuple(parts), min(size, spec.shape[d])))
+        out.append(_entry(("input", d) + tuple(parts), size, spec.shape[d]))
     return tuple(out)
 
 

@@ -107,7 +107,7 @@ __all__ = ["BLOCK_DEGREE", "FF_ELEMENTWISE", "KERNEL_DEGREE", "UNINTERPRETED", "
            "make_draw", "mix64", "output_degrees", "pair_bound", "single_threaded_blas"]
 
 TARGET_BOUND = 2.0 ** -40   # default bound on the chance that a non-equivalent pair passes
-MAX_TESTS = 24              # the most tests run to reach the target before saying "not established"
+MAX_TESTS = 64              # the most tests run to reach the target before saying "not established"
 MAX_REDRAWS = 6
 
 
