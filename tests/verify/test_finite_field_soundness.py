@@ -15,10 +15,11 @@ from mugraph.verify import finite_field_test, quick_equivalent, rewrite
 SHAPE = (3, 4)
 X = ir.input("X", SHAPE, "float32")
 Y = ir.input("Y", SHAPE, "float32")
+W = ir.input("W", (4, 4), "float32")
 
 
 def _graph(node) -> ir.KernelGraph:
-    return ir.KernelGraph([node], [X, Y])
+    return ir.KernelGraph([node], [X, Y, W])
 
 
 # ---- the oracle: float64 interpretation at two unrelated seeds and scales --------------------------
@@ -27,7 +28,8 @@ ORACLE_DRAWS = ((11, 1.0), (90210, 0.37))
 
 def _float_outputs(graph, seed, scale):
     rng = np.random.default_rng(seed)
-    arrays = {"X": rng.uniform(-1.5, 1.5, SHAPE) * scale, "Y": rng.uniform(-1.5, 1.5, SHAPE) * scale}
+    arrays = {"X": rng.uniform(-1.5, 1.5, SHAPE) * scale, "Y": rng.uniform(-1.5, 1.5, SHAPE) * scale,
+              "W": rng.uniform(-1.5, 1.5, (4, 4)) * scale}
     with np.errstate(all="ignore"):
         return ir.interpret(graph, arrays, dtype="float64")
 
@@ -39,7 +41,8 @@ def separated(a: ir.KernelGraph, b: ir.KernelGraph) -> bool:
         for u, v in zip(_float_outputs(a, seed, scale), _float_outputs(b, seed, scale)):
             u, v = np.broadcast_arrays(u, v)
             finite = np.isfinite(u) & np.isfinite(v)
-            gap = np.abs(u - v) > 1e-6 * (np.abs(u) + np.abs(v)) + 1e-9
+            with np.errstate(invalid="ignore"):
+                gap = np.abs(u - v) > 1e-6 * (np.abs(u) + np.abs(v)) + 1e-9
             differs |= bool(np.any(finite & gap))
         if not differs:
             return False
@@ -116,9 +119,13 @@ UNARY = [lambda n: n.exp(), lambda n: (n * n + 0.5).log(), lambda n: (n * n + 0.
          lambda n: (n * n + 0.5).rsqrt(), lambda n: n.silu(), lambda n: n.gelu(),
          lambda n: n.relu(), lambda n: n.sigmoid(), lambda n: n.tanh(), lambda n: n.erf(),
          lambda n: -n, lambda n: n.square(), lambda n: n.clamp(-0.5, 0.75),
-         lambda n: n.sum(1), lambda n: n.amax(1), lambda n: n ** 3.0, lambda n: n ** 1.5]
+         lambda n: n.sum(1), lambda n: n.amax(1), lambda n: n ** 3.0, lambda n: n ** 1.5,
+         lambda n: n @ W, lambda n: n.abs(), lambda n: (n * n).log1p(), lambda n: n.expm1(),
+         lambda n: n.softplus(), lambda n: n.is_finite(), lambda n: n.leaky_relu(0.125)]
 BINARY = [lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b,
-          lambda a, b: a / (b * b + 0.5), lambda a, b: a.maximum(b), lambda a, b: a.minimum(b)]
+          lambda a, b: a / (b * b + 0.5), lambda a, b: a.maximum(b), lambda a, b: a.minimum(b),
+          lambda a, b: a.gt(b), lambda a, b: a.le(b), lambda a, b: a.gt(b).select(a, b),
+          lambda a, b: a.leaky_relu(b)]
 LEAVES = [X, Y, X * 0.5, Y + 1.0]
 
 
