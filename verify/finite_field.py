@@ -236,13 +236,23 @@ def finite_field_test(spec: KernelGraph, candidate: KernelGraph, *, tests: int |
         return sampled_test(spec, candidate, sample_blocks, tests=tests, seed=seed, target=target,
                             max_tests=max_tests, max_redraws=max_redraws)
     bound = pair_bound(spec, candidate)
-    count = tests if tests is not None else (tests_needed(bound, target, max_tests) or max_tests)
+    count = tests if tests is not None else default_count(bound, target, max_tests)
     runner = _Runner(spec, candidate, seed, bound.exponents, max_redraws)
     for test in range(count):
         failure = runner.run(test)
         if failure is not None:
             return runner.result(False, bound, target, start, failure)
     return runner.result(True, bound, target, start, None)
+
+
+def default_count(bound: PairBound, target: float, max_tests: int) -> int:
+    """Enough tests for `target`; `max_tests` when more would be needed (the bound then says
+    not established); a few when one test bounds nothing (a degree beyond the field), since
+    more would not help but may still find a difference."""
+    needed = tests_needed(bound, target, max_tests)
+    if needed is not None:
+        return needed
+    return max_tests if bound.worst_per_test() < 1 else min(3, max_tests)
 
 
 def _check_count(name: str, value) -> None:

@@ -23,9 +23,10 @@ from mugraph.ir.interpret import KERNEL_EVAL, run_block_graph
 from mugraph.ir.node import BNode
 from mugraph.ir.ops import BOp, KOp
 from mugraph.verify.field import (as_u64, derive_key, join, mix64, single_threaded_blas)
-from mugraph.verify.field_bound import pair_bound, tests_needed
+from mugraph.verify.field_bound import pair_bound
 from mugraph.verify.field_semantics import NeedsExponents, ZeroDivisorDrawn
-from mugraph.verify.finite_field import (FiniteFieldResult, first_mismatch, make_draw)
+from mugraph.verify.finite_field import (FiniteFieldResult, default_count, first_mismatch,
+                                         make_draw)
 from mugraph.ir.errors import VerificationError
 
 BLOCK = 64
@@ -298,7 +299,7 @@ def sampled_test(spec: KernelGraph, candidate: KernelGraph, sample_blocks: int, 
         raise InvalidInput(f"sample_blocks={sample_blocks!r} is not a positive number of blocks",
                            hint="use None to compare every output element")
     bound = pair_bound(spec, candidate)
-    count = tests if tests is not None else (tests_needed(bound, target, max_tests) or max_tests)
+    count = tests if tests is not None else default_count(bound, target, max_tests)
     exponents, primes, redraws, compared = bound.exponents, [], 0, []
     for test in range(count):
         for attempt in range(max_redraws + 1):
