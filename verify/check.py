@@ -228,7 +228,8 @@ def _formal_method(proof, status: str) -> MethodResult:
     if proof is None:
         why = "not asked for" if status == "skipped" else status
         return MethodResult("formal", "skipped", why)
-    why = getattr(proof, "reason", None) or proof.method
+    detail = getattr(proof, "detail", "") or ""
+    why = proof.method if proof.proved or not detail else f"{proof.method}: {detail}"
     return MethodResult("formal", status, why)
 
 
