@@ -3,8 +3,9 @@ test and the formal proof, and decides only on what they established; `quick_equ
 search's cheap yes/no.
 
 A candidate is EQUIVALENT when the finite-field tests pass with a bound at or below the target
-(default 2^-40; more tests are run until it is, up to a limit) and every float case passes. A
-bound above the target is NOT ESTABLISHED, whatever else passed. The formal proof (Z3 over
+(default 2^-40; more tests are run until it is, up to a limit) and every float case passes; NOT
+EQUIVALENT when a float case shows outputs that differ; NOT ESTABLISHED otherwise (a bound above
+the target, or a finite-field difference no float case shows). The formal proof (Z3 over
 abstract expressions) is run and recorded as proved / not proved; it vetoes only with
 `require_proof=True`, since its abstraction misses valid tilings and algebra the tests accept.
 """
@@ -234,20 +235,26 @@ def _formal_method(proof, status: str) -> MethodResult:
 
 
 def _decide(methods, require_proof: bool, fl) -> tuple[str, str | None]:
-    """The verdict from the method lines: any failure is NOT EQUIVALENT; a method that must
-    establish equivalence and did not (the field bound, a required proof) is NOT ESTABLISHED."""
+    """The verdict from the method lines. NOT EQUIVALENT needs a concrete input on which the
+    outputs differ: a failed float case. A finite-field difference alone is NOT ESTABLISHED: the
+    programs differ algebraically, or the candidate relies on a law the test does not keep (an
+    uninterpreted op has none: sigmoid(x) is not 1/(1 + exp(-x)) there). So is a bound above the
+    target, or a proof that was required and not found."""
     by_name = {m.name: m for m in methods}
     field = by_name["finite field"]
-    failed = []
+    reasons = []
     if field.status == "skipped":
-        failed.append(f"finite-field test {field.why}")
+        reasons.append(f"finite-field test {field.why}")
     elif field.status == "failed":
-        failed.append(f"finite-field test failed: {field.why}")
+        reasons.append(f"finite-field test failed: {field.why}")
     if not fl.passed:
-        failed.append("float differential test failed: "
-                      + "; ".join(str(m) for m in fl.modes if not m.passed))
-    if failed:
-        return NOT_EQUIVALENT, "; ".join(failed)
+        reasons.append("float differential test failed: "
+                       + "; ".join(str(m) for m in fl.modes if not m.passed))
+        return NOT_EQUIVALENT, "; ".join(reasons)
+    if reasons:
+        return NOT_ESTABLISHED, "; ".join(reasons) + (
+            " (no float case differs: the programs differ algebraically, or the candidate relies "
+            "on a law the finite-field test does not keep)")
     if field.status != "passed":
         return NOT_ESTABLISHED, f"finite-field bound not established: {field.why}"
     formal = by_name["formal"]

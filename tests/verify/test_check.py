@@ -112,6 +112,15 @@ def test_an_untestable_candidate_is_rejected_with_the_reason():
     assert not quick_equivalent(ir.KernelGraph([x]), ir.KernelGraph([x * (x / (x - x))]))
 
 
+def test_a_difference_only_the_field_test_sees_is_not_established_not_not_equivalent():
+    # equal over the reals; the finite field keeps no law for sigmoid, so it cannot tell
+    x = ir.input("X", (4, 8), "float32")
+    report = check(ir.KernelGraph([x.sigmoid()]), ir.KernelGraph([1.0 / (1.0 + (-x).exp())]),
+                   seed=0, formal=False)
+    assert report.finite_field.failure and report.float.passed
+    assert report.verdict == "NOT ESTABLISHED" and "does not keep" in report.reason
+
+
 def test_seed_is_recorded_and_makes_runs_reproducible():
     w, spec, reference = _small("lora")
     first = check(spec, reference, formal=False, scale=w.input_scale)
