@@ -165,16 +165,18 @@ def inverse_mod(a: np.ndarray, m: int) -> np.ndarray:
     return powmod(a, m - 2, m)  # Fermat; maps 0 to 0
 
 
-_LIMB = 11                  # three limbs of 11 bits hold a residue below 2^33
-_K_CHUNK = 1 << 11          # 2^11 products of (2^11 − 1)·(2^31 − 1) sum below 2^53: exact in float64
+# (limb bits, limbs, K per chunk): every partial sum of a chunk, (K)·(2^bits − 1)·(2^31 − 1), stays
+# below 2^53, so float64 BLAS is exact whatever order it sums in. Two 16-bit limbs for short K
+# (one chunk up to 64), three 11-bit limbs with chunks of 2048 otherwise.
+_SHORT = (16, 2, 64)
+_LONG = (11, 3, 1 << 11)
 
 
 def exact_matmul(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     """(a @ b) mod m exactly, for residues 0 <= a, b < m < 2^31 (NumPy batch broadcasting).
 
-    The operand with fewer elements is split into three 11-bit limbs, the other is converted to
-    float64, and one float64 matmul per chunk of 2048 along K computes every limb's product: each
-    partial sum stays below 2^53, so BLAS is exact whatever order it sums in.
+    The operand with fewer elements is split into limbs, the other is converted to float64, and
+    one float64 matmul per chunk along K computes every limb's product exactly.
     """
     if np.size(a) <= np.size(b):
         return _matmul_split_left(np.asarray(a, np.int64), np.asarray(b, np.int64), m)
@@ -185,20 +187,30 @@ def exact_matmul(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
 
 def _matmul_split_left(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     rows, k = a.shape[-2], a.shape[-1]
-    limbs = np.concatenate([(a >> (_LIMB * i)) & ((1 << _LIMB) - 1) for i in range(3)], axis=-2)
-    limbs = limbs.astype(np.float64)
+    bits, count, chunk = _SHORT if k <= _SHORT[2] else _LONG
+    limbs = np.concatenate([(a >> (bits * i)) & ((1 << bits) - 1) for i in range(count)],
+                           axis=-2).astype(np.float64)
     right = b.astype(np.float64)
     total = None
-    for start in range(0, k, _K_CHUNK):
-        c = np.matmul(limbs[..., start:start + _K_CHUNK], right[..., start:start + _K_CHUNK, :])
-        c = c.astype(np.int64) % m
-        part = (c[..., :rows, :] + (c[..., rows:2 * rows, :] << _LIMB)
-                + (c[..., 2 * rows:, :] << (2 * _LIMB))) % m
-        total = part if total is None else (total + part) % m
+    for start in range(0, k, chunk):
+        c = np.matmul(limbs[..., start:start + chunk], right[..., start:start + chunk, :])
+        part = _fmod(c[..., (count - 1) * rows:, :], m)
+        for i in reversed(range(count - 1)):   # Horner on reduced limbs: below 2^48 throughout
+            part = _fmod(part * (1 << bits) + _fmod(c[..., i * rows:(i + 1) * rows, :], m), m)
+        total = part if total is None else _fmod(total + part, m)
     if total is None:  # K = 0
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (rows, b.shape[-1])
         return np.zeros(shape, np.int64)
-    return total
+    return total.astype(np.int64)
+
+
+def _fmod(x: np.ndarray, m: int) -> np.ndarray:
+    """x mod m for integers 0 <= x < 2^53 held in float64, exactly: the quotient from one
+    rounded division is off by at most one, which one correction fixes."""
+    r = x - np.floor(x * (1.0 / m)) * m
+    np.add(r, m, out=r, where=r < 0)
+    np.subtract(r, m, out=r, where=r >= m)
+    return r
 
 
 @functools.lru_cache(maxsize=1)
@@ -261,16 +273,18 @@ _ROUNDS = 4
 
 class Permutation:
     """A keyed pseudo-random permutation of [0, p): a 4-round unbalanced Feistel network on
-    p.bit_length()-bit words (round function splitmix64), restricted to [0, p) by cycle walking.
-    It has no algebraic relation to the field operations, which is what lets max and min be
-    modelled with it."""
+    p.bit_length()-bit words (round function: keyed multiply-xorshift), restricted to [0, p) by
+    cycle walking. It has no algebraic relation to the field operations, which is what lets max
+    and min be modelled with it."""
 
     def __init__(self, key: int, p: int):
         bits = p.bit_length()
         self.low_bits = np.uint64(bits // 2)
         self.low = np.uint64((1 << (bits // 2)) - 1)
         self.high = np.uint64((1 << (bits - bits // 2)) - 1)
-        self.keys = [np.uint64(derive_key(key, "feistel", r)) for r in range(_ROUNDS)]
+        keys = [derive_key(key, "feistel", r) for r in range(2 * _ROUNDS)]
+        self.keys = [(np.uint64(keys[2 * r]), np.uint64(keys[2 * r + 1] | 1))
+                     for r in range(_ROUNDS)]
         self.p = np.uint64(p)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -287,21 +301,26 @@ class Permutation:
             outside = y >= self.p
         return y.astype(np.int64)
 
+    @staticmethod
+    def _round(x: np.ndarray, salt, odd) -> np.ndarray:
+        z = (x ^ salt) * odd
+        return z ^ (z >> np.uint64(29))
+
     def _forward(self, x: np.ndarray) -> np.ndarray:
         high, low = x >> self.low_bits, x & self.low
-        for r, k in enumerate(self.keys):
+        for r, (salt, odd) in enumerate(self.keys):
             if r % 2 == 0:
-                high = high ^ (mix64(low ^ k) & self.high)
+                high = high ^ ((self._round(low, salt, odd) >> np.uint64(32)) & self.high)
             else:
-                low = low ^ (mix64(high ^ k) & self.low)
+                low = low ^ ((self._round(high, salt, odd) >> np.uint64(32)) & self.low)
         return (high << self.low_bits) | low
 
     def _backward(self, y: np.ndarray) -> np.ndarray:
         high, low = y >> self.low_bits, y & self.low
         for r in reversed(range(_ROUNDS)):
-            k = self.keys[r]
+            salt, odd = self.keys[r]
             if r % 2 == 0:
-                high = high ^ (mix64(low ^ k) & self.high)
+                high = high ^ ((self._round(low, salt, odd) >> np.uint64(32)) & self.high)
             else:
-                low = low ^ (mix64(high ^ k) & self.low)
+                low = low ^ ((self._round(high, salt, odd) >> np.uint64(32)) & self.low)
         return (high << self.low_bits) | low

@@ -118,8 +118,11 @@ class FiniteFieldSemantics:
         if not self.exponents:
             return fn(a, b) % self.field.p
         rp = fn(a & P_BITS, b & P_BITS) % self.field.p
+        bottom = (a | b) < 0
+        if bottom.all():    # e.g. arithmetic on exps: no exponent image to compute
+            return rp | BOTTOM
         rq = fn(q_part(a), q_part(b)) % self.field.q
-        return join(rp, rq, (a | b) < 0)
+        return join(rp, rq, bottom)
 
     def inverse(self, v) -> np.ndarray:
         """1/v; a zero Z_p component is a bad draw (redrawn), a zero Z_q component gives ⊥."""

@@ -394,3 +394,17 @@ def test_a_test_count_below_one_is_refused():
     x, y = _xy()
     with pytest.raises(ir.InvalidInput):
         finite_field_test(ir.KernelGraph([x]), ir.KernelGraph([x]), tests=0)
+
+
+@pytest.mark.parametrize("k", [64, 65, 2048, 2049])
+def test_matmul_is_exact_where_limb_products_are_largest(k):
+    # residues whose limbs are all ones maximise every partial sum of every chunk
+    p, _ = random_safe_prime(np.random.default_rng(9))
+    a = np.full((3, k), p - 1, np.int64)
+    b = np.full((k, 2), (1 << 31) - 1 if (1 << 31) - 1 < p else p - 1, np.int64)
+    b = np.minimum(b, p - 1)
+    rng = np.random.default_rng(k)
+    b[rng.integers(0, k, 5), 0] = rng.integers(0, p, 5)
+    exact = (a.astype(object) @ b.astype(object)) % p
+    assert (exact_matmul(a, b, p) == exact.astype(np.int64)).all()
+    assert (exact_matmul(b.T.copy(), a.T.copy(), p) == exact.T.astype(np.int64)).all()
