@@ -30,6 +30,12 @@ class Kernel:
         return None if self.result is None else self.result.report
 
     @property
+    def speedup(self) -> float | None:
+        """Estimated speedup over the XLA-like baseline (what jax.jit would launch), the headline;
+        `result.speedup_vs_unfused` is the one over the unfused program. None without a search."""
+        return None if self.result is None else self.result.speedup
+
+    @property
     def cuda_source(self) -> str:
         if self._cuda is None:
             from mugraph.codegen import generate_cuda
