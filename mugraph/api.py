@@ -6,6 +6,7 @@ import importlib.util
 import warnings
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from mugraph import ir
@@ -16,13 +17,16 @@ from mugraph.ir.errors import InvalidInput, MugraphError
 class Kernel:
     """A found μGraph with its report, its CUDA source and ways to run it."""
 
-    def __init__(self, graph: KernelGraph, spec: KernelGraph, result=None, target: str = "h100"):
+    def __init__(self, graph: KernelGraph, spec: KernelGraph, result=None, target: str = "h100",
+                 fn=None):
         self.graph = graph
         self.spec = spec
         self.result = result
         self.target = target
+        self.fn = fn                   # a FlatFunction of the traced JAX function, if there was one
         self._cuda = None
         self._runtime = None
+        self._jax: dict = {}
 
     @property
     def report(self):
@@ -61,6 +65,23 @@ class Kernel:
             self._runtime = load_kernel(self.graph, target=self.target)
         return self._runtime(*arrays)
 
+    def as_jax(self, backend: str = "auto"):
+        """A JAX-traceable function of the kernel's inputs (an array for one output, else a tuple)
+        that works inside `jax.jit`, under `jax.grad` (its backward is JAX's VJP of the spec) and
+        `jax.vmap` (one kernel run per batch element).
+
+        `backend`: "cuda" launches the CUBIN through XLA on its stream; "harness" runs the
+        generated CUDA on the CPU harness through a host callback; "auto" picks "cuda" where JAX
+        sees a GPU, else "harness". Outputs take the traced function's dtypes (an explicit cast
+        where the IR kept a wider one)."""
+        from mugraph.jax_integration import as_jax, resolve_backend
+        backend = resolve_backend(backend)
+        if backend not in self._jax:
+            spec_fn = self.fn.run if self.fn is not None else None
+            dtypes = self.fn.out_dtypes if self.fn is not None else None
+            self._jax[backend] = as_jax(self, backend, spec_fn=spec_fn, out_dtypes=dtypes)
+        return self._jax[backend]
+
     def __repr__(self) -> str:
         return f"Kernel({self.graph!r})"
 
@@ -69,6 +90,7 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str = "h100",
                   progress=None) -> Kernel:
     """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel."""
     from mugraph.search import SearchConfig, search
+    flat = None
     if isinstance(fn_or_graph, KernelGraph):
         if example_args:
             raise InvalidInput("superoptimize(graph) takes no example arguments",
@@ -76,38 +98,75 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str = "h100",
         spec = fn_or_graph
     elif callable(fn_or_graph):
         spec = ir.from_jax(fn_or_graph, *example_args)
+        from mugraph.jax_integration import flatten_function
+        flat = flatten_function(fn_or_graph, example_args)
     else:
         raise InvalidInput(f"superoptimize takes a JAX function or a KernelGraph, got "
                            f"{type(fn_or_graph).__name__}")
     config = (config or SearchConfig()).replace(target=target) if config is None or \
         config.target != target else config
     result = search(spec, config, progress=progress)
-    return Kernel(result.best, spec, result, target)
+    return Kernel(result.best, spec, result, target, fn=flat)
 
 
-def jit(fn=None, *, config=None, target: str = "h100"):
-    """Compile `fn` on first call per input shapes; without a GPU, run `fn` itself (warned once)."""
+def jit(fn=None, *, backend: str = "auto", config=None, target: str = "h100"):
+    """Compile `fn` on first call per input signature (shapes, dtypes, pytree) and run the kernel
+    inside JAX: the result works under `jax.jit`, `jax.grad` and `jax.vmap` (see Kernel.as_jax).
+
+    `backend="auto"` uses "cuda" where JAX sees a GPU and otherwise runs `fn` itself (one
+    warning); "harness" runs the generated CUDA on the CPU harness; "cuda" requires a GPU."""
     if fn is None:
-        return functools.partial(jit, config=config, target=target)
-    kernels: dict = {}
-    warned = []
+        return functools.partial(jit, backend=backend, config=config, target=target)
+    from mugraph.jax_integration import BACKENDS
+    if backend not in BACKENDS:
+        raise InvalidInput(f"unknown backend {backend!r}", hint=f"one of: {', '.join(BACKENDS)}")
+    compiled = _Compiled(fn, backend, config, target)
 
     @functools.wraps(fn)
-    def wrapper(*arrays):
-        from mugraph.codegen.runtime_cupy import gpu_available
-        if not gpu_available():
-            if not warned:
-                warnings.warn("mugraph.jit: no CUDA device; running the JAX function instead",
-                              RuntimeWarning, stacklevel=2)
-                warned.append(True)
-            return fn(*arrays)
-        key = tuple((np.shape(a), str(getattr(a, "dtype", ""))) for a in arrays)
-        if key not in kernels:
-            kernels[key] = superoptimize(fn, *arrays, config=config, target=target)
-        outs = kernels[key](*arrays)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+    def wrapper(*args):
+        return compiled(*args)
 
+    wrapper.kernels = compiled.kernels
     return wrapper
+
+
+class _Compiled:
+    """The kernels `jit` built for one function, by input signature."""
+
+    def __init__(self, fn, backend: str, config, target: str):
+        self.fn, self.backend, self.config, self.target = fn, backend, config, target
+        self.kernels: dict = {}
+        self.warned = False
+
+    def __call__(self, *args):
+        from mugraph.jax_integration import jax_has_gpu
+        backend = self.backend
+        if backend == "auto":
+            if not jax_has_gpu():
+                if not self.warned:
+                    warnings.warn("mugraph.jit: no GPU; running the JAX function instead "
+                                  "(backend='harness' runs the generated CUDA on the CPU harness)",
+                                  RuntimeWarning, stacklevel=3)
+                    self.warned = True
+                return self.fn(*args)
+            backend = "cuda"
+        leaves, in_tree = jax.tree_util.tree_flatten(args)
+        for i, leaf in enumerate(leaves):
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                raise InvalidInput(f"argument leaf {i} is a {type(leaf).__name__}, not an array",
+                                   hint="mugraph.jit compiles functions of arrays; close over "
+                                        "Python numbers instead of passing them")
+        key = (in_tree, tuple((tuple(np.shape(x)), str(np.dtype(x.dtype))) for x in leaves))
+        if key not in self.kernels:
+            self.kernels[key] = self._compile(args)
+        kernel = self.kernels[key]
+        outs = kernel.as_jax(backend)(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return jax.tree_util.tree_unflatten(kernel.fn.out_tree, list(outs))
+
+    def _compile(self, args) -> Kernel:
+        specs = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
+        return superoptimize(self.fn, *specs, config=self.config, target=self.target)
 
 
 def load_function(spec: str):
