@@ -18,12 +18,14 @@ class Kernel:
     """A found μGraph with its report, its CUDA source and ways to run it."""
 
     def __init__(self, graph: KernelGraph, spec: KernelGraph, result=None, target: str = "h100",
-                 fn=None):
+                 fn=None, origin: str = "", cache_key: str | None = None):
         self.graph = graph
         self.spec = spec
         self.result = result
         self.target = target
         self.fn = fn                   # a FlatFunction of the traced JAX function, if there was one
+        self.origin = origin           # where the kernel came from: searched, cache, re-sized
+        self.cache_key = cache_key
         self._cuda = None
         self._runtime = None
         self._jax: dict = {}
@@ -35,10 +37,16 @@ class Kernel:
 
     @property
     def cuda_source(self) -> str:
+        """The generated CUDA for the target's arch (from the cache entry when there is one)."""
         if self._cuda is None:
             from mugraph.codegen import generate_cuda
             from mugraph.search.targets import get_target
-            self._cuda = generate_cuda(self.graph, arch=get_target(self.target).arch)
+            arch = get_target(self.target).arch
+            if self.cache_key is not None:
+                from mugraph.search.cache import ResultCache
+                self._cuda = ResultCache().sources(self.cache_key).get(arch, (None,))[0]
+            if self._cuda is None:
+                self._cuda = generate_cuda(self.graph, arch=arch)
         return self._cuda
 
     def show(self) -> str:
@@ -46,6 +54,8 @@ class Kernel:
         text = str(self.graph)
         if self.result is not None:
             text += "\n\n" + self.result.summary()
+        if self.origin:
+            text += f"\n{self.origin}"
         print(text)
         return text
 
@@ -86,30 +96,68 @@ class Kernel:
         return f"Kernel({self.graph!r})"
 
 
-def superoptimize(fn_or_graph, *example_args, config=None, target: str = "h100",
-                  progress=None) -> Kernel:
-    """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel."""
-    from mugraph.search import SearchConfig, search
-    flat = None
+def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = None,
+                  budget_seconds: float | None = None, progress=None, cache=True) -> Kernel:
+    """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel.
+
+    `config`: a SearchConfig or a dict of its fields; `target` ("a100", "h100", "h200") and
+    `budget_seconds` override the config's. `cache`: True uses the result cache under
+    `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), False searches afresh.
+    `progress(counters, best_seconds, elapsed)` replaces the default progress display."""
+    config = make_config(config, target=target, budget_seconds=budget_seconds)
+    spec, flat = _spec_of(fn_or_graph, example_args)
+    from mugraph.search.cached import cached_search
+    answer = cached_search(spec, config, cache=cache, progress=progress)
+    return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
+                  origin=answer.note, cache_key=answer.key if cache else None)
+
+
+def make_config(config=None, *, target: str | None = None, budget_seconds: float | None = None):
+    """A SearchConfig from None, a SearchConfig or a dict of its fields, with overrides."""
+    from mugraph.search import SearchConfig
+    from mugraph.ir.errors import SearchError
+    if config is None:
+        config = SearchConfig()
+    elif isinstance(config, dict):
+        config = SearchConfig.from_json(_json_of(config))
+    elif not isinstance(config, SearchConfig):
+        raise InvalidInput(f"config must be a SearchConfig or a dict of its fields, got "
+                           f"{type(config).__name__}",
+                           hint="e.g. config={'budget_seconds': 60, 'max_kernel_ops': 2}")
+    changes = {}
+    if target is not None:
+        changes["target"] = target
+    if budget_seconds is not None:
+        if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)):
+            raise SearchError(f"budget_seconds={budget_seconds!r} must be a number of seconds")
+        changes["budget_seconds"] = float(budget_seconds)
+    return config.replace(**changes) if changes else config
+
+
+def _json_of(fields: dict) -> str:
+    import json
+    try:
+        return json.dumps(fields)
+    except TypeError as e:
+        raise InvalidInput(f"config dict is not plain data: {e}",
+                           hint="give numbers, strings and lists of op names") from None
+
+
+def _spec_of(fn_or_graph, example_args):
+    """(spec graph, FlatFunction or None) from a KernelGraph or a JAX function and its args."""
     if isinstance(fn_or_graph, KernelGraph):
         if example_args:
             raise InvalidInput("superoptimize(graph) takes no example arguments",
                                hint="pass the graph alone, or a JAX function and its arguments")
-        spec = fn_or_graph
-    elif callable(fn_or_graph):
-        spec = ir.from_jax(fn_or_graph, *example_args)
+        return fn_or_graph, None
+    if callable(fn_or_graph):
         from mugraph.jax_integration import flatten_function
-        flat = flatten_function(fn_or_graph, example_args)
-    else:
-        raise InvalidInput(f"superoptimize takes a JAX function or a KernelGraph, got "
-                           f"{type(fn_or_graph).__name__}")
-    config = (config or SearchConfig()).replace(target=target) if config is None or \
-        config.target != target else config
-    result = search(spec, config, progress=progress)
-    return Kernel(result.best, spec, result, target, fn=flat)
+        return ir.from_jax(fn_or_graph, *example_args), flatten_function(fn_or_graph, example_args)
+    raise InvalidInput(f"superoptimize takes a JAX function or a KernelGraph, got "
+                       f"{type(fn_or_graph).__name__}")
 
 
-def jit(fn=None, *, backend: str = "auto", config=None, target: str = "h100"):
+def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = None):
     """Compile `fn` on first call per input signature (shapes, dtypes, pytree) and run the kernel
     inside JAX: the result works under `jax.jit`, `jax.grad` and `jax.vmap` (see Kernel.as_jax).
 
@@ -133,7 +181,7 @@ def jit(fn=None, *, backend: str = "auto", config=None, target: str = "h100"):
 class _Compiled:
     """The kernels `jit` built for one function, by input signature."""
 
-    def __init__(self, fn, backend: str, config, target: str):
+    def __init__(self, fn, backend: str, config, target: str | None):
         self.fn, self.backend, self.config, self.target = fn, backend, config, target
         self.kernels: dict = {}
         self.warned = False

@@ -1,4 +1,4 @@
-"""The `mugraph` command line: show, verify, search, bench, regen."""
+"""The `mugraph` command line: show, verify, search, cache, bench, regen."""
 from __future__ import annotations
 
 import argparse
@@ -71,7 +71,8 @@ def cmd_regen(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from mugraph.search import SearchConfig, search
+    from mugraph.search import SearchConfig
+    from mugraph.search.cached import cached_search
     from mugraph.search.executors import make_executor
     name, spec, w = _load_program(args.target)
     config = SearchConfig(budget_seconds=args.budget, target=args.target_gpu, workers=args.workers,
@@ -84,13 +85,15 @@ def cmd_search(args) -> int:
     print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}, "
           f"{executor.name} executor) ==")
     try:
-        result = search(spec, config, executor=executor)
+        answer = cached_search(spec, config, cache=not args.no_cache, executor=executor)
     finally:
         executor.close()
+    result = answer.result
     print("\n== the winning μGraph ==")
     print(result.best)
     print("\n== report ==")
     print(result.summary())
+    print(answer.note)
     if args.out:
         _write_result(result, args.out, config)
     return 0
@@ -116,6 +119,63 @@ def _write_result(result, folder: str, config) -> None:
     (out / "report.txt").write_text(result.summary() + "\n")
     files.append("report.txt")
     print(f"\nwrote {', '.join(str(out / f) for f in files)}")
+
+
+def cmd_cache(args) -> int:
+    from mugraph.search.cache import ResultCache
+    cache = ResultCache()
+    if args.action == "list":
+        entries = cache.entries()
+        print(f"{len(entries)} result(s) in {cache.path}")
+        for e in entries:
+            when = _when(e.created)
+            stop = _report_line(e.summary, "stop reason:").split(" after")[0]
+            print(f"  {e.key[:12]}  {when}  {e.target:<5} {e.inputs}  {stop}")
+        for key, saved, note in cache.checkpoints():
+            print(f"  checkpoint {key[:12]}  {_when(saved)}  {note}")
+        return 0
+    if args.action == "show":
+        if not args.key:
+            raise MugraphError("cache show needs a key", hint="`mugraph cache list` shows the keys")
+        entry = cache.find(args.key)
+        from mugraph import ir
+        print(f"key {entry.key}\nstored {_when(entry.created)} for {entry.target}, inputs "
+              f"{entry.inputs}\nconfig {entry.config}\nversions {entry.versions}\n")
+        print(ir.from_json(entry.graph))
+        print("\n" + entry.summary)
+        sources = cache.sources(entry.key)
+        for arch, (source, cubin) in sorted(sources.items()):
+            print(f"\n{arch}: {len(source.splitlines())} lines of CUDA, "
+                  f"{'a CUBIN of %d bytes' % len(cubin) if cubin else 'no CUBIN'}")
+        return 0
+    count = cache.clear()
+    removed = _clear_builds() if args.all else []
+    print(f"removed {count} result(s) and the search checkpoints from {cache.path}"
+          + (f"; build folders {', '.join(removed)}" if removed else ""))
+    return 0
+
+
+def _clear_builds() -> list[str]:
+    """Remove the CPU-harness, NVRTC, CUBIN and FFI build folders under the cache folder."""
+    import shutil
+    from pathlib import Path
+    from mugraph.settings import settings
+    removed = []
+    for name in ("cpu", "nvrtc", "cubin", "ffi"):
+        folder = Path(settings.cache_dir) / name
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _when(seconds: float) -> str:
+    import time
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def _report_line(summary: str, prefix: str) -> str:
+    return next((line for line in summary.splitlines() if line.startswith(prefix)), "")
 
 
 def cmd_bench(args) -> int:
@@ -152,7 +212,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the winner's graph.json, kernel.cu and report.txt here")
     p.add_argument("--small", action="store_true", help="a workload at its reduced shapes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cache", action="store_true",
+                   help="search afresh: neither read nor write the result cache")
     p.set_defaults(run=cmd_search)
+    p = sub.add_parser("cache", help="the result cache: list, show KEY, clear [--all]")
+    p.add_argument("action", choices=("list", "show", "clear"))
+    p.add_argument("key", nargs="?", default=None, help="for show: a key or its first digits")
+    p.add_argument("--all", action="store_true",
+                   help="for clear: also remove the CPU-harness, NVRTC and CUBIN builds")
+    p.set_defaults(run=cmd_cache)
     p = sub.add_parser("regen", help="rewrite kernels_generated/ (graph JSON, CUDA, reports)")
     p.add_argument("--root", default=None, help="output folder (default: kernels_generated/)")
     p.add_argument("--workloads", default=None, help="comma-separated subset")

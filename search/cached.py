@@ -1,0 +1,136 @@
+"""A search that remembers: answer from the result cache when an entry for the same search exists
+and passes a fresh finite-field test against the spec; otherwise search and store the winner."""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+from mugraph.search.cache import (CorruptEntry, ResultCache, make_entry, read_entry, search_key)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A search result and where it came from (`origin`: "search" or "cache"), in words."""
+
+    result: object          # SearchResult
+    origin: str
+    note: str
+    key: str | None = None
+
+
+def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> Answer:
+    """`search(spec, config)` through the cache (`cache`: True for the default one, a
+    ResultCache, or False/None for none)."""
+    from mugraph.search.runner import search
+    store = ResultCache() if cache is True else (cache or None)
+    if store is None:
+        return Answer(search(spec, config, progress=progress, executor=executor), "search",
+                      "searched (no cache)")
+    key = search_key(spec, config)
+    hit = _from_cache(store, key, spec, config)
+    if hit is not None:
+        return hit
+    result = search(spec, config, progress=progress, executor=executor)
+    store.store(make_entry(key, spec, config, result))
+    store_sources(store, key, result.best, config.target)
+    return Answer(result, "search", f"searched; stored as cache entry {key[:12]}", key)
+
+
+def _from_cache(store: ResultCache, key: str, spec, config) -> Answer | None:
+    entry = store.load(key)
+    if entry is None:
+        return None
+    start = time.perf_counter()
+    try:
+        result = read_entry(entry, spec)
+        how = reverify(spec, result.best, config)
+        if how is None:
+            raise CorruptEntry("its winner failed a fresh finite-field test against the spec")
+    except CorruptEntry as e:
+        store.warn_once(key, f"result cache entry {key[:12]} cannot be used: {e}; searching "
+                             "again and replacing it")
+        store.delete(key)
+        return None
+    seconds = time.perf_counter() - start
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
+    return Answer(result, "cache", f"from cache entry {key[:12]} (stored {when}), re-verified by "
+                                   f"a fresh finite-field test {how} in {seconds:.2f} s", key)
+
+
+def reverify(spec, graph, config) -> str | None:
+    """Test a stored winner with fresh random draws (not the search's seed); say how, or None
+    when it fails. Where the spec is larger than the search's reduced instantiation, the test
+    runs the winner's structure there (what the search itself verifies; an exact test at the
+    real shapes of a large matmul takes seconds per draw), and falls back to the real shapes
+    when the structure does not re-size or fails there."""
+    seed = secrets.randbits(31)
+    small = _at_reduced_shapes(spec, graph, config)
+    if small is not None and quick_equivalent(*small, tests=2, seed=seed):
+        return "of its structure at the reduced shapes"
+    if quick_equivalent(spec, graph, tests=2, seed=seed):
+        return "at the real shapes"
+    return None
+
+
+def quick_equivalent(spec, graph, *, tests: int, seed: int) -> bool:
+    from mugraph.verify import quick_equivalent as test
+    return test(spec, graph, tests=tests, seed=seed)
+
+
+def _at_reduced_shapes(spec, graph, config):
+    """(reduced spec, the winner re-sized to it) as the search instantiates them, or None when
+    the spec is no larger than that or the structure does not re-size."""
+    from mugraph.search.instantiate import reduced_extents, reinstantiate_spec, resize
+    from mugraph.search.labels import analyze
+    from mugraph.search.rules import canonicalize
+    canonical, _ = canonicalize(spec)
+    analysis = analyze(canonical)
+    extents, constants = reduced_extents(analysis, canonical, config.reduced_extent)
+    reduced = reinstantiate_spec(canonical, analysis, extents)
+    if all(r.shape == s.shape for r, s in zip(reduced.inputs, spec.inputs)):
+        return None
+    inverse = {real: small for small, real in constants.items()}
+    small = resize(graph, list(reduced.inputs), _first_fit(inverse), inverse)
+    return (reduced, small) if small is not None else None
+
+
+def _first_fit(constants):
+    """A `resize` chooser: the first grid and trip count that the new sources admit (any valid
+    sizing computes the structure's function; the test needs one, not the fastest)."""
+    from mugraph.ir.errors import InvalidGraph
+    from mugraph.search.instantiate import resize_block
+    from mugraph.search.sizing import block_options
+
+    def choose(key, srcs):
+        for grid, forloop in block_options(key[0], srcs):
+            try:
+                resize_block(key[0], srcs, grid, forloop, constants)
+                return grid, forloop
+            except InvalidGraph:
+                continue
+        return None
+
+    return choose
+
+
+def store_sources(store: ResultCache, key: str, graph, target: str) -> None:
+    """The winner's CUDA for the target's arch, and its CUBIN where NVRTC is installed."""
+    from mugraph.codegen.compile import _nvrtc_version, compile_cuda
+    from mugraph.codegen.generate import generate_cuda
+    from mugraph.ir.errors import MugraphError
+    from mugraph.search.targets import get_target
+    if not graph.custom_ops():
+        return
+    arch = get_target(target).arch
+    try:
+        source = generate_cuda(graph, arch=arch)
+    except MugraphError:
+        return  # the kernel still runs through the interpreter; codegen errors surface on use
+    cubin = None
+    if _nvrtc_version():
+        try:
+            cubin = compile_cuda(source, arch, name="mugraph_kernel").cubin
+        except MugraphError:
+            cubin = None
+    store.store_source(key, arch, source, cubin)
