@@ -120,7 +120,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
         #pragma unroll
         for (int nj = 0; nj < 4; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -206,7 +206,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
         #pragma unroll
         for (int nj = 0; nj < 4; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
