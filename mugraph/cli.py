@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mugraph.ir.errors import MugraphError
+from mugraph.ir.errors import Interrupted, MugraphError
 
 
 def _load_program(target: str):
@@ -234,9 +234,26 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except Interrupted as e:
+        return _stopped(e)
+    except KeyboardInterrupt:
+        print("\nmugraph: interrupted", file=sys.stderr)
+        return 130
     except MugraphError as e:
         print(f"mugraph: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+
+
+def _stopped(e) -> int:
+    """A search stopped by Ctrl-C or SIGTERM: its best verified kernel so far, one line, 130."""
+    partial = e.result
+    if partial is not None and partial.best is not None:
+        print("\n== stopped: the best kernel verified so far ==")
+        print(partial.best)
+        if partial.estimate is not None:
+            print(f"estimated {partial.estimate.seconds * 1e6:.2f} us")
+    print(f"\nmugraph: {e}", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -21,20 +21,74 @@ class Answer:
 
 def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> Answer:
     """`search(spec, config)` through the cache (`cache`: True for the default one, a
-    ResultCache, or False/None for none)."""
-    from mugraph.search.runner import search
+    ResultCache, or False/None for none), resumable and stoppable.
+
+    The search saves checkpoints under its key; a run of the same search resumes from one.
+    Ctrl-C or SIGTERM stops it within a second: `Interrupted` (a KeyboardInterrupt) is raised
+    with the best structure verified so far as `.result` (a `Partial`) and the checkpoint kept."""
+    from mugraph.search.checkpoint import Checkpointer
     store = ResultCache() if cache is True else (cache or None)
+    key = search_key(spec, config) if store is not None else None
+    if store is not None:
+        hit = _from_cache(store, key, spec, config)
+        if hit is not None:
+            return hit
+    checkpoint = Checkpointer(store, key) if store is not None else None
+    result = _stoppable_search(spec, config, progress, executor, checkpoint)
     if store is None:
-        return Answer(search(spec, config, progress=progress, executor=executor), "search",
-                      "searched (no cache)")
-    key = search_key(spec, config)
-    hit = _from_cache(store, key, spec, config)
-    if hit is not None:
-        return hit
-    result = search(spec, config, progress=progress, executor=executor)
+        return Answer(result, "search", "searched (no cache)")
     store.store(make_entry(key, spec, config, result))
+    checkpoint.drop()
     store_sources(store, key, result.best, config.target)
-    return Answer(result, "search", f"searched; stored as cache entry {key[:12]}", key)
+    note = result.report.resumed + "; " if result.report.resumed else ""
+    return Answer(result, "search", f"{note}searched; stored as cache entry {key[:12]}", key)
+
+
+@dataclass(frozen=True)
+class Partial:
+    """What a stopped search had: its best verified structure sized for the real shapes (None
+    when it had verified none), and a line saying how far it came and how to go on."""
+
+    best: object            # KernelGraph or None
+    estimate: object        # cost.Estimate or None
+    note: str
+
+
+def _stoppable_search(spec, config, progress, executor, checkpoint):
+    from mugraph.ir.errors import Interrupted
+    from mugraph.search import interrupt
+    from mugraph.search.runner import search
+    cancel = getattr(executor, "cancel", None)
+    request = None
+    try:
+        with interrupt.stoppable(on_stop=cancel) as request:
+            result = search(spec, config, progress=progress, executor=executor,
+                            checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        raise Interrupted(*_partial(checkpoint, None, request)) from None
+    if result.report.stop_reason == "interrupted" or request:
+        raise Interrupted(*_partial(checkpoint, result, request))
+    return result
+
+
+def _partial(checkpoint, result, request) -> tuple[str, Partial]:
+    """(message, Partial) from a result stopped by a signal, else from the last checkpoint."""
+    signal = (request.signal if request else None) or "KeyboardInterrupt"
+    resume = ("run the same search again to resume from the checkpoint" if checkpoint is not None
+              else "no checkpoint kept (the cache is off)")
+    state = checkpoint.latest if checkpoint is not None else None
+    if result is not None and result.best_candidate.origin == "search":
+        best, est = result.best, result.best_candidate.estimate
+        where = f"{result.report.states} states, {result.report.verified} verified"
+    elif state is not None and state.best() is not None:
+        best, est = state.best().graph, state.best().estimate
+        where = f"{state.counters.states} states, {state.counters.verified} verified"
+    else:
+        best, est, where = None, None, "no structure verified yet"
+    what = ("the best kernel verified so far (finite-field test at the reduced shapes; not yet "
+            "checked at the real shapes)" if best is not None else "nothing to show yet")
+    message = f"search stopped by {signal} ({where}): {what}; {resume}"
+    return message, Partial(best, est, message)
 
 
 def _from_cache(store: ResultCache, key: str, spec, config) -> Answer | None:

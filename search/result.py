@@ -38,6 +38,7 @@ class SearchReport:
     config: str = ""
     best_found_seconds: float | None = None   # when the winner's structure was first found
     best_found_states: int | None = None      # ... and after how many states
+    resumed: str = ""                         # where a resumed search took up (checkpoint)
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -55,6 +56,8 @@ class SearchReport:
         ]
         if self.rules_fired:
             lines.append(f"canonicalised: {', '.join(self.rules_fired)}")
+        if self.resumed:
+            lines.append(self.resumed)
         return "\n".join(lines)
 
 
