@@ -103,13 +103,20 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
     `config`: a SearchConfig or a dict of its fields; `target` ("a100", "h100", "h200") and
     `budget_seconds` override the config's. `cache`: True uses the result cache under
     `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), False searches afresh.
-    `progress(counters, best_seconds, elapsed)` replaces the default progress display."""
+    `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
+    line on a terminal, a log line every few seconds elsewhere); False turns it off."""
     config = make_config(config, target=target, budget_seconds=budget_seconds)
     spec, flat = _spec_of(fn_or_graph, example_args)
+    if progress is False:
+        progress = _silent
     from mugraph.search.cached import cached_search
     answer = cached_search(spec, config, cache=cache, progress=progress)
     return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
                   origin=answer.note, cache_key=answer.key if cache else None)
+
+
+def _silent(*args) -> None:
+    return None
 
 
 def make_config(config=None, *, target: str | None = None, budget_seconds: float | None = None):

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -103,7 +102,7 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
         raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
                           hint="trace a JAX function with mugraph.ir.from_jax first")
     started = time.monotonic()
-    show = progress if progress is not None else _default_progress()
+    show = progress if progress is not None else _default_progress(config)
     canonical, fired = canonicalize(spec)
     analysis = analyze(canonical)
     extents, constants = reduced_extents(analysis, canonical, config.reduced_extent)
@@ -117,6 +116,7 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
         counters, stop = _enumerate(problem, executor, started, show, ranking, hooks)
         searched = time.monotonic() - started + hooks.searched_before
     finally:
+        getattr(show, "close", lambda: None)()
         if own_executor:
             executor.close()
     return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started,
@@ -319,18 +319,13 @@ def describe(graph: KernelGraph) -> str:
     return ", ".join(parts) + (": " + "; ".join(kernels) if kernels else "")
 
 
-def _default_progress():
-    from mugraph.ir.settings import settings
-    if not settings.progress or not sys.stderr.isatty():
-        return lambda *a: None
-    last = [0.0]
+def _default_progress(config):
+    from mugraph.search.progress import default_progress
+    return default_progress(config.budget_seconds, in_flight=_in_flight_states)
 
-    def show(counters, best, elapsed):
-        if elapsed - last[0] < 1.0:
-            return
-        last[0] = elapsed
-        best_text = f"best {best * 1e6:.2f} us" if best is not None else "no candidate yet"
-        print(f"\r  search: {elapsed:6.1f} s  {counters.states:>9} states  "
-              f"{counters.verified:>3} verified  {best_text}   ", end="", file=sys.stderr,
-              flush=True)
-    return show
+
+def _in_flight_states() -> tuple[int, int]:
+    """(which task, its states) for the task running in this process (in-process executor),
+    whose counters are merged only when it ends."""
+    enum = _WORKER.get("enum")
+    return (id(enum.ctx.counters), enum.ctx.counters.states) if enum is not None else (0, 0)
