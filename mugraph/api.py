@@ -59,21 +59,48 @@ class Kernel:
         print(text)
         return text
 
-    def run_reference(self, *arrays) -> list[np.ndarray]:
-        """Run the μGraph with the reference interpreter (float64), anywhere."""
-        return ir.interpret(self.graph, [np.asarray(a) for a in arrays])
+    def run_reference(self, *arrays, cast: bool = False):
+        """Run the μGraph with the reference interpreter (float64), anywhere.
 
-    def run_on_cpu(self, *arrays) -> list[np.ndarray]:
-        """Run the generated CUDA on the CPU harness (slow; for testing the emitted kernel)."""
+        Returns an array for a single-output graph, else a list in output order. Inputs must
+        have the kernel's dtypes (InvalidInput otherwise); `cast=True` converts them first."""
+        return _single(ir.interpret(self.graph, self._inputs(arrays, cast)))
+
+    def run_on_cpu(self, *arrays, cast: bool = False):
+        """Run the generated CUDA on the CPU harness (slow; for testing the emitted kernel).
+        Outputs and inputs as `run_reference`, in the kernel's own dtypes."""
         from mugraph.codegen import run_on_cpu
-        return run_on_cpu(self.graph, [np.asarray(a) for a in arrays])
+        return _single(run_on_cpu(self.graph, self._inputs(arrays, cast)))
+
+    def _inputs(self, arrays, cast: bool) -> list:
+        """The arrays as NumPy, checked against the kernel's inputs (count, shape, dtype)."""
+        names, nodes = self.graph.input_names, self.graph.inputs
+        if len(arrays) != len(nodes):
+            raise InvalidInput(f"the kernel takes {len(nodes)} inputs {list(names)}, got "
+                               f"{len(arrays)} arrays")
+        out = []
+        for name, node, a in zip(names, nodes, arrays):
+            a = np.asarray(a)
+            if a.shape != node.shape:
+                raise InvalidInput(f"input {name!r} has shape {a.shape}, the kernel expects "
+                                   f"{node.shape}", hint="superoptimize again for other shapes")
+            if a.dtype != node.dtype.numpy:
+                if not cast:
+                    raise InvalidInput(f"input {name!r} has dtype {a.dtype}, the kernel expects "
+                                       f"{node.dtype.value}",
+                                       hint=f"convert it (x.astype('{node.dtype.value}')) or "
+                                            "pass cast=True to convert every input")
+                a = a.astype(node.dtype.numpy)
+            out.append(a)
+        return out
 
     def __call__(self, *arrays):
-        """Launch on the GPU (CuPy or JAX arrays); outputs are CuPy arrays."""
+        """Launch on the GPU (CuPy, JAX or NumPy arrays); the output is a CuPy array (a list of
+        them for several outputs), overwritten by the next call (see GpuKernel)."""
         if self._runtime is None:
             from mugraph.codegen.runtime_cupy import load_kernel
             self._runtime = load_kernel(self.graph, target=self.target)
-        return self._runtime(*arrays)
+        return _single(self._runtime(*arrays))
 
     def as_jax(self, backend: str = "auto"):
         """A JAX-traceable function of the kernel's inputs (an array for one output, else a tuple)
@@ -113,6 +140,11 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
     answer = cached_search(spec, config, cache=cache, progress=progress)
     return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
                   origin=answer.note, cache_key=answer.key if cache else None)
+
+
+def _single(outputs: list):
+    """One array for a single-output graph, else the list."""
+    return outputs[0] if len(outputs) == 1 else outputs
 
 
 def _silent(*args) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mugraph.ir.errors import Interrupted, MugraphError
+from mugraph.ir.errors import Interrupted, InvalidInput, MugraphError
 
 
 def _load_program(target: str):
@@ -46,14 +46,34 @@ def cmd_show(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from mugraph import verify
+    from mugraph import ir, verify
     name, spec, w = _load_program(args.target)
-    if w is None:
-        raise MugraphError("verify needs a workload (its hand-written μGraph is the candidate)")
-    wl = w.small() if args.small else w
-    report = verify.check(wl.spec(), wl.reference(), seed=args.seed)
+    if args.candidate is not None:
+        candidate = _load_graph(args.candidate)
+        mismatch = verify.interface_mismatch(spec, candidate)
+        if mismatch:
+            raise InvalidInput(f"{args.candidate} cannot be compared with {name}: {mismatch}",
+                               hint="the candidate must read the spec's inputs (same names, "
+                                    "shapes and dtypes) and write as many outputs")
+        print(f"== {args.candidate} against {name} ==")
+        report = verify.check(spec, candidate, seed=args.seed)
+    elif w is None:
+        raise InvalidInput(f"verify {args.target} needs a candidate graph to check against it",
+                           hint=f"mugraph verify {args.target} CANDIDATE.json (a graph saved with "
+                                "mugraph.ir.save, or the graph.json of mugraph search --out)")
+    else:
+        wl = w.small() if args.small else w
+        report = verify.check(wl.spec(), wl.reference(), seed=args.seed)
     print(report)
     return 0 if report.equivalent else 1
+
+
+def _load_graph(path: str):
+    from mugraph import ir
+    if not path.endswith(".json"):
+        raise InvalidInput(f"candidate {path!r} is not a graph .json file",
+                           hint="save a graph with mugraph.ir.save(graph, 'candidate.json')")
+    return ir.load(path)
 
 
 def cmd_regen(args) -> int:
@@ -194,8 +214,13 @@ def main(argv=None) -> int:
     p.add_argument("target")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_show)
-    p = sub.add_parser("verify", help="check a workload's fused μGraph against its spec")
-    p.add_argument("target")
+    p = sub.add_parser("verify", help="check a candidate graph against a spec (or a workload's "
+                                      "fused μGraph against its spec)")
+    p.add_argument("target", help="the spec: a workload name, a graph .json file, or "
+                                  "FILE.py:FUNCTION")
+    p.add_argument("candidate", nargs="?", default=None,
+                   help="a graph .json to check against the spec (a workload's own fused μGraph "
+                        "when left out)")
     p.add_argument("--small", action="store_true", help="use the reduced shapes")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_verify)
@@ -239,6 +264,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\nmugraph: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other tools do
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except MugraphError as e:
         print(f"mugraph: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

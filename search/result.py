@@ -73,19 +73,25 @@ class SearchResult:
         return self.candidates[0]
 
     @property
-    def speedup(self) -> float:
-        """Estimated speedup of the winner over the unfused spec under the cost model."""
-        return self.report.spec_estimate.seconds / self.candidates[0].seconds
+    def speedup(self) -> float | None:
+        """Estimated speedup of the winner over the unfused spec under the cost model; None when
+        the winner launches nothing (an identity, a program of its inputs only)."""
+        best = self.candidates[0].seconds
+        return self.report.spec_estimate.seconds / best if best > 0 else None
 
     def summary(self) -> str:
         best = self.candidates[0]
         roof = self.report.roofline.seconds
-        lines = [str(self.report), "",
-                 f"winner: {best.structure}",
-                 f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
-                 f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
-                 f"  unfused spec {self.report.spec_estimate.seconds * 1e6:.2f} us -> "
-                 f"estimated speedup {self.speedup:.2f}x"]
+        lines = [str(self.report), "", f"winner: {best.structure}"]
+        if best.seconds > 0 and roof > 0:
+            lines += [f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
+                      f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
+                      f"  unfused spec {self.report.spec_estimate.seconds * 1e6:.2f} us -> "
+                      f"estimated speedup {self.speedup:.2f}x"]
+        else:
+            lines.append(f"  the cost model counts no work: the outputs are inputs or constants "
+                         f"(estimated {best.seconds * 1e6:.2f} us on {self.report.target}; no "
+                         f"speedup to report)")
         if self.report.verification is not None:
             lines.append("  verification: " + str(self.report.verification).replace("\n", "\n    "))
         return "\n".join(lines)
