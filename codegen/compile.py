@@ -352,7 +352,10 @@ def runtime_digest() -> str:
 def _toolchain_version(backend: str) -> str:
     if backend == "nvrtc":
         return f"nvrtc-{_nvrtc_version()}"
-    proc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+    try:
+        proc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+    except FileNotFoundError:
+        return "nvcc-missing"  # compiling says so, with a hint
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else "nvcc-unknown"
 
 

@@ -265,7 +265,10 @@ def _pch_dir(cache: Path, flags: list[str]) -> Path:
 
 
 def _run_gxx(cmd: list[str], source: str, file_name: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise CompileError("g++ not found; the CPU harness needs it", hint="apt-get install g++") from None
     if proc.returncode != 0:
         log = proc.stderr.strip()
         line = first_error_line(log, file_name)

@@ -27,6 +27,7 @@ def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> 
     Ctrl-C or SIGTERM stops it within a second: `Interrupted` (a KeyboardInterrupt) is raised
     with the best structure verified so far as `.result` (a `Partial`) and the checkpoint kept."""
     from mugraph.search.checkpoint import Checkpointer
+    check_memory(spec, config.target)
     store = ResultCache() if cache is True else (cache or None)
     key = search_key(spec, config) if store is not None else None
     if store is not None:
@@ -42,6 +43,33 @@ def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> 
     store_sources(store, key, result.best, config.target)
     note = result.report.resumed + "; " if result.report.resumed else ""
     return Answer(result, "search", f"{note}searched; stored as cache entry {key[:12]}", key)
+
+
+# device memory of each target (bytes): A100 80 GB, H100 SXM 80 GB, H200 141 GB (NVIDIA data sheets)
+DEVICE_MEMORY = {"a100": 80e9, "h100": 80e9, "h200": 141e9}
+
+
+def check_memory(spec, target: str) -> None:
+    """ResourceError when the spec's inputs and outputs alone exceed the target's memory (the
+    search, verification and launch would all fail, or exhaust the host first)."""
+    from mugraph.ir.errors import ResourceError
+    tensors = {n: None for n in (*spec.inputs, *spec.outputs)}
+    total = sum(_elems(n.shape) * n.dtype.itemsize for n in tensors)
+    limit = DEVICE_MEMORY.get(target)
+    if limit is not None and total > limit:
+        largest = max(tensors, key=lambda n: _elems(n.shape) * n.dtype.itemsize)
+        raise ResourceError(f"the program's inputs and outputs take {total / 1e9:.1f} GB, more "
+                            f"than the {target}'s {limit / 1e9:.0f} GB (the largest: "
+                            f"{list(largest.shape)} {largest.dtype.value})",
+                            hint="split the work into smaller calls, or superoptimize a smaller "
+                                 "instance (a structure found re-sizes to other shapes)")
+
+
+def _elems(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,12 @@ def _stoppable_search(spec, config, progress, executor, checkpoint):
                             checkpoint=checkpoint)
     except KeyboardInterrupt:
         raise Interrupted(*_partial(checkpoint, None, request)) from None
+    except MemoryError:
+        from mugraph.ir.errors import ResourceError
+        raise ResourceError("this machine ran out of memory searching or verifying the program "
+                            "at its real shapes",
+                            hint="try a machine with more memory, or superoptimize a smaller "
+                                 "instance of the program") from None
     if result.report.stop_reason == "interrupted" or request:
         raise Interrupted(*_partial(checkpoint, result, request))
     return result
