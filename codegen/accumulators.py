@@ -138,7 +138,7 @@ def finalise(lw: Lowering, acc) -> None:
     rule = R.ACC_C[acc.op]
     lw.place[acc] = Reg(layout, var)
     if rule.final:
-        n = R.literal(lw.F * acc.srcs[0].shape[-1])
+        n = R.literal(lw.F_total * acc.srcs[0].shape[-1])
         lines = loops.layout_loop(lw, layout, acc.shape, lambda ctx: [
             f"{var}{ctx.slot} = {rule.final.format(var + ctx.slot, n=n)};"], guard=False)
         lw.emit(Step("", lines, note=f"final value of {describe(acc)}"))

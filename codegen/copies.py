@@ -110,10 +110,15 @@ def input_base(lw: Lowering, spec, view: InputView, buf: str) -> str:
     """A kernel-scope variable: the element offset of this block's tile in the input's buffer."""
     terms = []
     for axis, dim in enumerate(spec.imap):
-        if dim is not None:
+        bid = lw.bid(AXES[axis])
+        if dim is not None and bid != "0":
             step = spec.shape[dim] // spec.grid[axis] * view.strides[dim]
             if step:
-                terms.append(f"(long long)mg_bid_{AXES[axis]}() * {step}")
+                terms.append(f"(long long){bid} * {step}")
+    if lw.splits > 1 and spec.fmap is not None:  # this CTA's share of the loop starts lw.F iterations in
+        step = lw.F * spec.tile_shape[spec.fmap] * view.strides[spec.fmap]
+        if step:
+            terms.append(f"(long long)sp_ * {step}")
     name = f"{buf}g"
     lw.kernel_decls.append(f"const long long {name} = {' + '.join(terms) or '0'};  // block's tile origin")
     return name

@@ -62,3 +62,10 @@ class KernelIR:
     stages: int
     has_stage_buffers: bool
     staged_inputs: list               # buffers written by the loop's cp.async issue (excluded from hazards)
+    splits: int = 1                   # CTAs sharing one block's loop
+    state_floats: int = 0             # partial state each of them publishes (floats)
+
+    @property
+    def trips(self) -> int:
+        """Loop iterations one CTA runs."""
+        return self.graph.forloop // self.splits

@@ -91,6 +91,15 @@ def layout_loop(lw: Lowering, layout, shape, body, *, guard: bool = True) -> lis
     return spread_loop(lw, layout, shape, body, guard=guard)
 
 
+def slot_index(layout) -> str:
+    """Inside ``layout_loop``: the flat index of the current register among the thread's ``prod(dims)``."""
+    names = {Frag: ("bi", "mi", "ni", "q"), Rows: ("bi", "mi", "h")}.get(type(layout), ("s",))
+    index = names[0]
+    for name, extent in zip(names[1:], layout.dims[1:]):
+        index = f"({index}) * {extent} + {name}" if "+" in index else f"{index} * {extent} + {name}"
+    return index
+
+
 def probe_ctx(layout, shape) -> Ctx:
     """A context with the layout's slot names, for deciding what needs materialising."""
     if isinstance(layout, Frag):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Mapping
 
-from mugraph.codegen import accumulators, copies, elementwise, mma, reductions, stores
+from mugraph.codegen import accumulators, copies, elementwise, mma, reductions, splits, stores
 from mugraph.codegen import render as R
 from mugraph.codegen.arch import ArchSpec
 from mugraph.codegen.kernel_ir import InputView, KernelIR, OutputView, SmemBuffer, Step  # noqa: F401 (re-exported)
@@ -45,12 +45,14 @@ class Lowering:
     (``place``), the shared buffers, the steps emitted so far, and the kernel-scope declarations."""
 
     def __init__(self, graph: BlockGraph, name: str, arch: ArchSpec, inputs: list[InputView],
-                 outputs: list[OutputView], params: list, stages: int = 2):
+                 outputs: list[OutputView], params: list, stages: int = 2, splits: int = 1):
         self.g, self.name, self.arch = graph, name, arch
         self.inputs, self.outputs, self.params = inputs, outputs, params
         self.T = graph.threads
         self.W = graph.threads // WARP
-        self.F = graph.forloop
+        self.splits = splits                  # CTAs sharing one block's loop (splits.py combines them)
+        self.F_total = graph.forloop
+        self.F = graph.forloop // splits      # loop trips of one CTA
         self.phase = graph.phases()
         self.order = graph.nodes
         self.uses = Counter(s for n in self.order for s in n.srcs) + Counter(o.node for o in graph.outputs)
@@ -77,6 +79,7 @@ class Lowering:
         self.mma_use = copies.mma_uses(self.order)
         self.stage_bufs: list[str] = []
         self.loop_copy: tuple = ([], [])
+        self.state_floats = 0                 # partial state one CTA publishes when split (floats)
 
     # -- names ---------------------------------------------------------------------------------------------------
     def factor(self, m) -> Factor:
@@ -134,10 +137,21 @@ class Lowering:
         v = self.group_vars[group]
         return f"{v}g", f"{v}l"
 
+    def bid(self, axis: str) -> str:
+        """The block's index along grid ``axis`` of the block graph (a split loop folds its CTAs into z)."""
+        if self.splits == 1 or axis != "z":
+            return f"mg_bid_{axis}()"
+        gz = self.g.grid[2]
+        return "0" if gz == 1 else f"(mg_bid_z() % {gz})"
+
     # -- the walk ------------------------------------------------------------------------------------------------
     def run(self) -> KernelIR:
         self.kernel_decls += ["const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();",
                               "const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair"]
+        if self.splits > 1:
+            gz = self.g.grid[2]
+            split = "mg_bid_z()" if gz == 1 else f"mg_bid_z() / {gz}"
+            self.kernel_decls.append(f"const int sp_ = {split};  // which of the {self.splits} CTAs of the loop")
         copies.lower_inputs(self)
         invariant = [n for n in self.order if self.phase[n] is Phase.INVARIANT]
         loop = [n for n in self.order if self.phase[n] in (Phase.LOOP, Phase.ACCUMULATOR)]
@@ -150,6 +164,7 @@ class Lowering:
             self.lower(n)
         self.region = "epi"
         self.mats = {k: v for k, v in self.mats.items() if k[1] != "running"}
+        splits.combine_partials(self, [n for n in loop if n.op in ACCUMULATORS])
         for n in loop:
             if n.op in ACCUMULATORS:
                 accumulators.finalise(self, n)
@@ -161,7 +176,7 @@ class Lowering:
         rest = [s for s in self.steps if s.region != "pro"]
         return KernelIR(self.name, self.g, self.params, self.buffers, pro + rest, self.kernel_decls,
                         self.acc_decls, self.loop_head, self.stages,
-                        bool(self.stage_bufs), self.stage_bufs)
+                        bool(self.stage_bufs), self.stage_bufs, self.splits, self.state_floats)
 
     def lower(self, node) -> None:
         op = node.op
@@ -169,7 +184,7 @@ class Lowering:
             return  # placed by copies.lower_inputs
         if op is BOp.CONSTANT:
             self.place[node] = Const(R.literal(node.arg[0]))
-        elif isinstance(op, TOp):
+        elif isinstance(op, TOp) or op is BOp.THREAD:
             elementwise.lower_elementwise(self, node)
         elif op in RULES:
             RULES[op](self, node)

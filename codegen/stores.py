@@ -23,8 +23,9 @@ def store_output(lw: Lowering, i: int, out) -> None:
     gstrides = loops.row_major(out.shape)
     terms = []
     for axis, dim in enumerate(out.omap):
-        if dim is not None and shape[dim] * gstrides[dim]:
-            terms.append(f"(long long)mg_bid_{AXES[axis]}() * {shape[dim] * gstrides[dim]}")
+        bid = lw.bid(AXES[axis])
+        if dim is not None and shape[dim] * gstrides[dim] and bid != "0":
+            terms.append(f"(long long){bid} * {shape[dim] * gstrides[dim]}")
     base = f"{param}o"
     lw.kernel_decls.append(f"const long long {base} = {' + '.join(terms) or '0'};  // output {i} tile origin")
     cvt = R.DTYPE_C[out.dtype].store

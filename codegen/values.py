@@ -9,6 +9,7 @@ from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
 from mugraph.codegen.layouts import Frag, Rows, broadcast, linear, prod
 from mugraph.codegen.placement import Const, Ctx, Inline, Reg, Smem, Tile, describe
+from mugraph.codegen.thread import render_thread
 from mugraph.ir.ops import BOp
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ def _inline(lw: Lowering, node, coords, mode, ctx) -> str:
     for s in node.srcs:
         c = broadcast(s.shape, node.shape, coords)
         args.append(read_at(lw, s, c, child_mode(s, ctx, mode), ctx))
+    if node.op is BOp.THREAD:
+        return render_thread(node.arg, args)
     return R.elementwise(node.op, args, node.arg)
 
 

@@ -127,8 +127,9 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
                   budget_seconds: float | None = None, progress=None, cache=True) -> Kernel:
     """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel.
 
-    `config`: a SearchConfig or a dict of its fields; `target` ("a100", "h100", "h200") and
-    `budget_seconds` override the config's. `cache`: True uses the result cache under
+    `config`: a SearchConfig or a dict of its fields (without one, the budget is
+    $MUGRAPH_SEARCH_SECONDS, default 300 s, and the target $MUGRAPH_TARGET, default h100);
+    `target` ("a100", "h100", "h200") and `budget_seconds` override the config's. `cache`: True uses the result cache under
     `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), False searches afresh.
     `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
     line on a terminal, a log line every few seconds elsewhere); False turns it off."""
@@ -156,7 +157,8 @@ def make_config(config=None, *, target: str | None = None, budget_seconds: float
     from mugraph.search import SearchConfig
     from mugraph.ir.errors import SearchError
     if config is None:
-        config = SearchConfig()
+        from mugraph.ir.settings import settings
+        config = SearchConfig(budget_seconds=settings.search_seconds, target=settings.target)
     elif isinstance(config, dict):
         config = SearchConfig.from_json(_json_of(config))
     elif not isinstance(config, SearchConfig):

@@ -16,6 +16,7 @@ from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, R
                                      StopReason, TaskCapReached)
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
+from mugraph.search.leaves import index_inputs, restore
 from mugraph.search.result import Candidate, SearchReport, SearchResult
 from mugraph.search.rules import canonicalize
 
@@ -104,13 +105,14 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     started = time.monotonic()
     show = progress if progress is not None else _default_progress(config)
     canonical, fired = canonicalize(spec)
-    analysis = analyze(canonical)
-    extents, constants = reduced_extents(analysis, canonical, config.reduced_extent)
-    reduced = reinstantiate_spec(canonical, analysis, extents)
+    indexed, leaves = index_inputs(canonical)   # iotas are inputs of the structure search
+    analysis = analyze(indexed)
+    extents, constants = reduced_extents(analysis, indexed, config.reduced_extent)
+    reduced = reinstantiate_spec(indexed, analysis, extents)
     problem = Problem(reduced, config)
     own_executor = executor is None
     executor = executor or make_executor(config.workers)
-    ranking = _Ranking(spec, constants, config)
+    ranking = _Ranking(spec, constants, config, indexed, leaves)
     hooks = _Hooks(checkpoint, ranking)
     try:
         counters, stop = _enumerate(problem, executor, started, show, ranking, hooks)
@@ -126,9 +128,10 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
 class _Ranking:
     """Verified structures, sized for the real shapes as they are found: the best so far."""
 
-    def __init__(self, spec, constants, config):
+    def __init__(self, spec, constants, config, indexed=None, leaves=None):
         from mugraph.search.cost import estimate, fits
         self.spec, self.constants, self.config = spec, constants, config
+        self.indexed, self.leaves = indexed or spec, leaves or {}
         self.estimate, self.fits = estimate, fits
         self.candidates: list[Candidate] = []
         self.started = time.monotonic()
@@ -143,10 +146,13 @@ class _Ranking:
     def add(self, structure, states: int) -> None:
         from mugraph.search.sizing import size_structure
         target = self.config.target
-        sized = size_structure(structure, list(self.spec.inputs), self.constants, target,
+        sized = size_structure(structure, list(self.indexed.inputs), self.constants, target,
                                self.estimate, self._fits)
         if sized:
             est, graph = sized[0]
+            if self.leaves:
+                graph = restore(graph, self.leaves, self.spec.inputs)
+                est = self.estimate(graph, target)
             if all(c.graph is not graph for c in self.candidates):
                 self.candidates.append(Candidate(graph, est, describe(graph), "search"))
                 self.first_found[graph] = (time.monotonic() - self.started, states)
@@ -282,6 +288,11 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
     ranked.sort(key=_rank_key)
     verification, rejected = None, 0
     while ranked and stop is not StopReason.INTERRUPTED:  # stopping: no check at the real shapes
+        if ranked[0].graph is spec:
+            # the program itself is its own reference: nothing to verify, and a float test of
+            # a 16-bit program against float64 can fail for the program itself (bf16 softmax)
+            verification = None
+            break
         # a cheap exact test first: a structure that fails at the real shapes is not worth the
         # full check (several float and finite-field runs)
         if quick_equivalent(spec, ranked[0].graph, seed=config.seed):
@@ -310,7 +321,11 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")]
+    from mugraph.ir.ops import KERNEL_LAYOUT
+    read_by_library = {s for n in graph.nodes if n.op.value != "custom" for s in n.srcs}
+    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")
+               and not (n.op in KERNEL_LAYOUT and n not in read_by_library
+                        and n not in graph.outputs)]   # a view custom kernels read through
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
     if library:
         parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")
