@@ -255,7 +255,10 @@ class _Compiled:
 
     def _compile(self, args) -> Kernel:
         specs = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
-        return superoptimize(self.fn, *specs, config=self.config, target=self.target)
+        # the search runs JAX itself (tracing, the float test against jax.jit(fn)): eagerly, not
+        # inside the trace of a jax.jit this call may sit in
+        with jax.ensure_compile_time_eval():
+            return superoptimize(self.fn, *specs, config=self.config, target=self.target)
 
 
 def load_function(spec: str):

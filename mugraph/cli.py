@@ -100,6 +100,7 @@ def cmd_search(args) -> int:
     print(f"== {name}: the spec ==")
     print(spec)
     executor = make_executor(config.workers, args.executor, args.scheduler)
+    _say_if_resuming(spec, config, args.no_cache)
     print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}, "
           f"{executor.name} executor) ==")
     try:
@@ -115,6 +116,19 @@ def cmd_search(args) -> int:
     if args.out:
         _write_result(result, args.out, config)
     return 0
+
+
+def _say_if_resuming(spec, config, no_cache: bool) -> None:
+    """One line when a stopped run of the same search left a checkpoint to resume from."""
+    if no_cache:
+        return
+    import time
+    from mugraph.search.cache import ResultCache, search_key
+    row = ResultCache().checkpoint(search_key(spec, config))
+    if row is not None:
+        saved, _, note = row
+        print(f"\n== resuming the search stopped at {time.strftime('%H:%M:%S', time.localtime(saved))}"
+              f" ({note}) ==")
 
 
 def _search_config(args):

@@ -93,6 +93,8 @@ def _stoppable_search(spec, config, progress, executor, checkpoint):
             result = search(spec, config, progress=progress, executor=executor,
                             checkpoint=checkpoint)
     except KeyboardInterrupt:
+        if checkpoint is not None and checkpoint.latest is not None:
+            checkpoint.save(checkpoint.latest, force=True)  # the last task boundary reached
         raise Interrupted(*_partial(checkpoint, None, request)) from None
     except MemoryError:
         from mugraph.ir.errors import ResourceError

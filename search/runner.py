@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -182,10 +183,13 @@ class _Hooks:
             return
         from mugraph.search.checkpoint import SearchState
         runs = self.start.runs + 1 if self.start else 1
+        # a snapshot, consistent at this task boundary (the runner goes on mutating its own)
+        snapshot = dataclasses.replace(counters, pruned=dict(counters.pruned))
         self.checkpoint.save(SearchState(
-            depth, cap, share, None if todo is None else list(todo), list(unfinished), counters, seen,
-            self.ranking.candidates, self.ranking.first_found, self.ranking.misfits,
-            time.monotonic() - started + self.searched_before, runs), force=force)
+            depth, cap, share, None if todo is None else list(todo), list(unfinished), snapshot,
+            list(seen), list(self.ranking.candidates), dict(self.ranking.first_found),
+            self.ranking.misfits, time.monotonic() - started + self.searched_before, runs),
+            force=force)
 
 
 FIRST_CAP = 2048     # states per task in the first round; each round multiplies it by CAP_GROWTH

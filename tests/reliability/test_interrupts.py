@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,20 +17,36 @@ import pytest
 
 from mugraph.search import interrupt
 
-SEARCH = [sys.executable, "-m", "mugraph", "search", "gated_mlp", "--small", "--budget", "4"]
+SEARCH = [sys.executable, "-m", "mugraph", "search", "gated_mlp", "--small", "--budget", "30"]
 
 
 def _start(env):
     proc = subprocess.Popen(SEARCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
+    seen = []
     for line in proc.stdout:
+        seen.append(line)
         if line.startswith("== searching"):
-            return proc
+            return proc, "".join(seen)
     raise AssertionError(f"the search did not start: {proc.communicate()[1]}")
 
 
-def _stop(proc, signum, after: float = 1.0):
-    time.sleep(after)
+def _when_verified(folder, proc, after_states: int, limit: float = 60.0) -> None:
+    """Wait until the search's checkpoint (saved every second) records a verified structure and
+    more than `after_states` states, so the stopped search has a kernel to show."""
+    from mugraph.search.cache import ResultCache
+    store, start = ResultCache(folder), time.monotonic()
+    while time.monotonic() - start < limit and proc.poll() is None:
+        for _, _, note in store.checkpoints():
+            found = re.search(r", (\d+) states, ([1-9]\d*) verified", note)
+            if found and int(found.group(1)) > after_states:
+                return
+        time.sleep(0.2)
+    raise AssertionError("no structure verified in time")
+
+
+def _stop(proc, signum, folder, after_states: int = 0):
+    _when_verified(folder, proc, after_states)
     sent = time.monotonic()
     proc.send_signal(signum)
     stopped_at = None
@@ -43,6 +60,10 @@ def _stop(proc, signum, after: float = 1.0):
     return proc.returncode, "".join(lines), err, stopped_at
 
 
+def _states(message: str) -> int:
+    return int(re.search(r"\((\d+) states", message).group(1))
+
+
 @pytest.fixture
 def env(tmp_path):
     return dict(os.environ, MUGRAPH_CACHE_DIR=str(tmp_path), PYTHONUNBUFFERED="1",
@@ -50,16 +71,20 @@ def env(tmp_path):
 
 
 def test_sigint_stops_the_search_in_a_second_and_the_next_run_resumes(env):
-    rc, out, err, seconds = _stop(_start(env), signal.SIGINT)
+    folder = env["MUGRAPH_CACHE_DIR"]
+    proc, _ = _start(env)
+    rc, out, err, seconds = _stop(proc, signal.SIGINT, folder)
     assert rc == 130, err
     assert "Traceback" not in err and "search stopped by SIGINT" in err
     assert seconds is not None and seconds < 1.0, (seconds, out)
     assert "kernel graph" in out, "the best verified kernel so far is printed"
+    first = _states(err)
 
-    done = subprocess.run(SEARCH, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "resumed from a checkpoint saved" in done.stdout
-    assert "stop reason: time" in done.stdout or "stop reason: exhausted" in done.stdout
+    proc, head = _start(env)  # the same search again: it resumes, says so, and goes on
+    assert "== resuming the search stopped at" in head and f"{first} states" in head
+    rc, out, err, seconds = _stop(proc, signal.SIGINT, folder, after_states=first)
+    assert rc == 130 and "Traceback" not in err
+    assert _states(err) > first
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
