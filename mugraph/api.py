@@ -49,15 +49,31 @@ class Kernel:
                 self._cuda = generate_cuda(self.graph, arch=arch)
         return self._cuda
 
-    def show(self) -> str:
-        """The μGraph as text (kernel graph and each block's loop nest), plus the report."""
+    def show(self, format: str = "text", path=None) -> str:
+        """A picture of the μGraph: "text" (the kernel graph and each block's loop nest, plus
+        the report; printed), "svg" (the kernel graph with every block graph nested: grid,
+        imap/fmap tiles, the loop, accumulators, thread-level chains, omap) or "html" (the SVG
+        above the text). Returns it; `path` also writes it to that file."""
+        if format not in ("text", "svg", "html"):
+            raise InvalidInput(f"unknown picture format {format!r}", hint="text, svg or html")
         text = str(self.graph)
         if self.result is not None:
             text += "\n\n" + self.result.summary()
         if self.origin:
             text += f"\n{self.origin}"
-        print(text)
-        return text
+        from mugraph.ir.picture import to_html, to_svg
+        picture = {"text": lambda: text, "svg": lambda: to_svg(self.graph),
+                   "html": lambda: to_html(self.graph, text)}[format]()
+        if path is not None:
+            _write(path, picture)
+        if format == "text":
+            print(text)
+        return picture
+
+    def _repr_svg_(self) -> str:
+        """Notebooks draw a Kernel as its picture."""
+        from mugraph.ir.picture import to_svg
+        return to_svg(self.graph)
 
     def run_reference(self, *arrays, cast: bool = False):
         """Run the μGraph with the reference interpreter (float64), anywhere.
@@ -141,6 +157,15 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
     answer = cached_search(spec, config, cache=cache, progress=progress)
     return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
                   origin=answer.note, cache_key=answer.key if cache else None)
+
+
+def _write(path, text: str) -> None:
+    from pathlib import Path
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise InvalidInput(f"cannot write {str(path)!r}: {e.strerror}",
+                           hint="give a path in a folder you can write to") from None
 
 
 def _single(outputs: list):

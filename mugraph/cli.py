@@ -28,6 +28,9 @@ def cmd_show(args) -> int:
     from mugraph import ir
     from mugraph.testing import assert_equivalent
     name, spec, w = _load_program(args.target)
+    if args.svg:
+        graph = w.reference() if w is not None else spec
+        _write_svg(graph, args.svg, name)
     print(f"== {name}: the spec (traced from JAX) ==")
     print(spec)
     if w is not None:
@@ -115,7 +118,21 @@ def cmd_search(args) -> int:
     print(answer.note)
     if args.out:
         _write_result(result, args.out, config)
+    if args.svg:
+        _write_svg(result.best, args.svg, name)
     return 0
+
+
+def _write_svg(graph, path: str, name: str) -> None:
+    """The graph's picture (plain SVG) written to `path`."""
+    from pathlib import Path
+    from mugraph.ir.picture import to_svg
+    try:
+        Path(path).write_text(to_svg(graph, title=name))
+    except OSError as e:
+        raise InvalidInput(f"cannot write the picture to {path!r}: {e.strerror}",
+                           hint="give --svg a file in a folder you can write to") from None
+    print(f"\nwrote the picture to {path}")
 
 
 def _say_if_resuming(spec, config, no_cache: bool) -> None:
@@ -234,6 +251,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("show", help="print a program's kernel graph (and a workload's fused μGraph)")
     p.add_argument("target")
+    p.add_argument("--svg", default=None, metavar="FILE",
+                   help="also draw the graph (a workload's fused μGraph) as SVG into FILE")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_show)
     p = sub.add_parser("verify", help="check a candidate graph against a spec (or a workload's "
@@ -260,6 +279,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the winner's graph.json, kernel.cu and report.txt here")
     p.add_argument("--small", action="store_true", help="a workload at its reduced shapes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--svg", default=None, metavar="FILE",
+                   help="draw the winning μGraph as SVG into FILE")
     p.add_argument("--no-cache", action="store_true",
                    help="search afresh: neither read nor write the result cache")
     p.set_defaults(run=cmd_search)
