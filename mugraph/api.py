@@ -36,6 +36,12 @@ class Kernel:
         return None if self.result is None else self.result.report
 
     @property
+    def speedup(self) -> float | None:
+        """Estimated speedup over the XLA-like baseline (what jax.jit would launch), the headline;
+        `result.speedup_vs_unfused` is the one over the unfused program. None without a search."""
+        return None if self.result is None else self.result.speedup
+
+    @property
     def cuda_source(self) -> str:
         """The generated CUDA for the target's arch (from the cache entry when there is one)."""
         if self._cuda is None:

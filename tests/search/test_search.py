@@ -92,7 +92,8 @@ def test_report_counts_and_summary():
     assert rep.states > 0 and rep.verified > 0 and sum(rep.pruned.values()) > 0
     text = result.summary()
     for needle in ("stop reason: exhausted", "states visited", "pruned:", "winner:",
-                   "roofline bound", "estimated speedup", "EQUIVALENT"):
+                   "roofline bound", "estimated speedup", "against the XLA-like baseline",
+                   "against the unfused program", "EQUIVALENT"):
         assert needle in text
     assert [c.seconds for c in result.candidates] == sorted(c.seconds for c in result.candidates)
 
