@@ -70,8 +70,8 @@ def ieee_arrays(draw, shape: Sequence[int], dtype="float32", *, scale: float = 1
 def kernel_inputs(kernel, **options) -> st.SearchStrategy:
     """Input lists for a Kernel (or a KernelGraph), each array in its input's shape and dtype;
     `options` go to `ieee_arrays`; the "large" regime is sized by what the spec does with each
-    input (`verify.float_diff.large_value`)."""
-    from mugraph.verify.float_diff import large_value
+    input (`verify.special_values.large_value`)."""
+    from mugraph.verify.special_values import large_value
     graph = getattr(kernel, "graph", kernel)
     spec = getattr(kernel, "spec", graph)
     strategies = []
