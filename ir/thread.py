@@ -17,7 +17,7 @@ from enum import Enum
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.node import BNode, _Interned, toposort
-from mugraph.ir.ops import BINARY, BOp, TOp, UNARY
+from mugraph.ir.ops import ARITY, BOp, TOp
 
 
 class Leaf(Enum):
@@ -54,8 +54,8 @@ def _check(op, srcs, arg) -> None:
         ok = not srcs and isinstance(arg, int) and not isinstance(arg, bool) and arg >= 0
     elif op is Leaf.CONST:
         ok = not srcs and isinstance(arg, float)
-    elif op in UNARY or op in BINARY:
-        ok = len(srcs) == (1 if op in UNARY else 2) and all(type(s) is TNode for s in srcs)
+    elif op in ARITY:
+        ok = len(srcs) == ARITY[op] and all(type(s) is TNode for s in srcs)
     else:
         ok = False
     if not ok:
