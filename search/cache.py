@@ -36,6 +36,9 @@ _TABLES = (
         PRIMARY KEY (key, arch))""",
     """CREATE TABLE IF NOT EXISTS checkpoints (
         key TEXT PRIMARY KEY, saved REAL NOT NULL, state BLOB NOT NULL, note TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS buckets (
+        bucket TEXT NOT NULL, key TEXT NOT NULL, spec TEXT NOT NULL, shapes TEXT NOT NULL,
+        created REAL NOT NULL, PRIMARY KEY (bucket, key))""",
 )
 
 
@@ -86,6 +89,16 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "none"
+
+
+def bucket_key(spec, config) -> str:
+    """The key of a shape bucket: the same as `search_key` with the spec's extents left out."""
+    from mugraph.search.buckets import structure_digest
+    settings = json.loads(config.to_json())
+    settings.pop("workers", None)
+    text = json.dumps({"schema": SCHEMA, "structure": structure_digest(spec), "config": settings,
+                       "target": config.target, "versions": versions()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def search_key(spec, config) -> str:
@@ -182,8 +195,8 @@ class ResultCache:
                   tuple(getattr(entry, c) for c in _COLUMN_NAMES))
 
     def delete(self, key: str) -> None:
-        self._run("DELETE FROM results WHERE key = ?", (key,))
-        self._run("DELETE FROM sources WHERE key = ?", (key,))
+        for table in ("results", "sources", "buckets"):
+            self._run(f"DELETE FROM {table} WHERE key = ?", (key,))
 
     def entries(self) -> list[Entry]:
         rows = self._run(f"SELECT {_COLUMNS} FROM results ORDER BY created")
@@ -204,7 +217,7 @@ class ResultCache:
 
     def clear(self) -> int:
         count = self._run("SELECT COUNT(*) FROM results")[0][0]
-        for table in ("results", "sources", "checkpoints"):
+        for table in ("results", "sources", "checkpoints", "buckets"):
             self._run(f"DELETE FROM {table}")
         return count
 
@@ -217,6 +230,16 @@ class ResultCache:
         """arch -> (CUDA source, CUBIN or None)."""
         rows = self._run("SELECT arch, source, cubin FROM sources WHERE key = ?", (key,))
         return {arch: (source, cubin) for arch, source, cubin in rows}
+
+    # -- shape buckets --
+    def add_to_bucket(self, bucket: str, key: str, spec_json: str, shapes: str) -> None:
+        self._run("INSERT OR REPLACE INTO buckets (bucket, key, spec, shapes, created) "
+                  "VALUES (?, ?, ?, ?, ?)", (bucket, key, spec_json, shapes, time.time()))
+
+    def bucket(self, bucket: str) -> list[tuple[str, str, str]]:
+        """(key, spec JSON, shapes) of the searches in a bucket, the latest first."""
+        return self._run("SELECT key, spec, shapes FROM buckets WHERE bucket = ? "
+                         "ORDER BY created DESC", (bucket,))
 
     # -- checkpoints --
     def save_checkpoint(self, key: str, state: bytes, note: str) -> None:

@@ -30,19 +30,60 @@ def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> 
     check_memory(spec, config.target)
     store = ResultCache() if cache is True else (cache or None)
     key = search_key(spec, config) if store is not None else None
+    why = ""
     if store is not None:
         hit = _from_cache(store, key, spec, config)
+        if hit is None and store.checkpoint(key) is None:  # a stopped search resumes instead
+            hit, why = _from_bucket(store, key, spec, config)
         if hit is not None:
             return hit
     checkpoint = Checkpointer(store, key) if store is not None else None
     result = _stoppable_search(spec, config, progress, executor, checkpoint)
     if store is None:
         return Answer(result, "search", "searched (no cache)")
-    store.store(make_entry(key, spec, config, result))
+    _remember(store, key, spec, config, result)
     checkpoint.drop()
-    store_sources(store, key, result.best, config.target)
     note = result.report.resumed + "; " if result.report.resumed else ""
-    return Answer(result, "search", f"{note}searched; stored as cache entry {key[:12]}", key)
+    return Answer(result, "search", f"{note}{why}searched; stored as cache entry {key[:12]}", key)
+
+
+def _remember(store, key, spec, config, result) -> None:
+    """The result under its key, in its shape bucket, with its generated code."""
+    from mugraph.ir.serialize import to_json
+    from mugraph.search.cache import bucket_key, describe_inputs
+    store.store(make_entry(key, spec, config, result))
+    store.add_to_bucket(bucket_key(spec, config), key, to_json(spec, indent=None),
+                        describe_inputs(spec))
+    store_sources(store, key, result.best, config.target)
+
+
+def _from_bucket(store, key, spec, config) -> tuple[Answer | None, str]:
+    """The winner of the same program at other shapes, re-sized and verified for these: an
+    Answer, or (None, why the latest one did not apply)."""
+    from mugraph.ir.serialize import from_json
+    from mugraph.search.buckets import resize_winner, resized_result
+    from mugraph.search.cache import bucket_key
+    why = ""
+    for old_key, spec_json, shapes in store.bucket(bucket_key(spec, config))[:3]:
+        entry = store.load(old_key)
+        if entry is None:
+            continue
+        try:
+            old_spec = from_json(spec_json)
+            old = read_entry(entry, old_spec)
+        except (CorruptEntry, Exception):  # a damaged bucket row: the search goes on without it
+            continue
+        resized = resize_winner(old_spec, old.best, spec, config.target, seed=config.seed)
+        if resized is None:
+            why = why or f"the structure found for {shapes} does not fit these shapes; "
+            continue
+        note = (f"re-sized from the structure found for {shapes} (cache entry {old_key[:12]}) "
+                f"by the cost model, without a search; checked at these shapes in "
+                f"{resized.seconds:.2f} s: {'EQUIVALENT' if resized.verification.equivalent else '?'}")
+        result = resized_result(old, spec, resized, config.target, note)
+        _remember(store, key, spec, config, result)
+        return Answer(result, "resized", note, key), ""
+    return None, why
 
 
 # device memory of each target (bytes): A100 80 GB, H100 SXM 80 GB, H200 141 GB (NVIDIA data sheets)

@@ -39,6 +39,7 @@ class SearchReport:
     best_found_seconds: float | None = None   # when the winner's structure was first found
     best_found_states: int | None = None      # ... and after how many states
     resumed: str = ""                         # where a resumed search took up (checkpoint)
+    resized: str = ""                         # a winner re-sized from another shape's search
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -58,6 +59,8 @@ class SearchReport:
             lines.append(f"canonicalised: {', '.join(self.rules_fired)}")
         if self.resumed:
             lines.append(self.resumed)
+        if self.resized:
+            lines.append(self.resized)
         return "\n".join(lines)
 
 
