@@ -4,6 +4,7 @@ shrink to the smallest failing case, and `assert_kernel_matches`. Re-exported by
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -192,7 +193,7 @@ def usable_scale(program: Program, kernel, scale: float, rtol: float | None = No
         arrays = [_array(n.shape, n.dtype.numpy, scale, None, 0, "normal", [], None)
                   for n in kernel.graph.inputs]
         own, exact = program(arrays)
-        if all(_held(o, e, _rtol(rtol, o))[0].all() for o, e in zip(own, exact)):
+        if all(Held.of(o, e, _rtol(rtol, o)).lost == 0 for o, e in zip(own, exact)):
             return scale
         scale /= 2
     raise VerificationError(f"jax.jit(fn) does not agree with fn run in float64 even on N(0, 1) "
@@ -277,19 +278,47 @@ def _check_interface(fn, kernel) -> None:
 
 
 # ---- comparing one output --------------------------------------------------------------------------
-def _held(own, exact, rtol: float):
-    """Where jax.jit's output `own` can be held against: (held, right, scale, tiny). `right`:
-    finite and within rtol·scale + tiny of `exact`; the rest of `held`: the same NaN or ±inf."""
-    own = np.asarray(own)
-    tiny = float(np.finfo(own.dtype).smallest_normal) if np.issubdtype(own.dtype, np.floating) \
-        else 0.0
-    o, e = np.asarray(own, np.float64), np.asarray(exact, np.float64)
-    with np.errstate(all="ignore"):
-        finite = np.isfinite(o) & np.isfinite(e)
-        scale = max(float(np.max(np.abs(e[finite]), initial=0.0)), tiny)
-        right = finite & (np.abs(np.where(finite, o - e, 0.0)) <= rtol * scale + tiny)
-    special = ~np.isfinite(o) & ((o == e) | (np.isnan(o) & np.isnan(e)))
-    return right | special, right, scale, tiny
+@dataclass(frozen=True)
+class Held:
+    """What one output of the kernel is held to: jax.jit's output `own` where it agrees with `exact`
+    (fn in float64): `right` (finite, within rtol·scale + tiny of exact) or the same NaN / ±inf."""
+
+    own: np.ndarray        # float64 copies of jax.jit's output and of the float64 run
+    exact: np.ndarray
+    right: np.ndarray
+    special: np.ndarray
+    scale: float           # the largest finite magnitude of the exact output
+    tiny: float            # the output dtype's smallest normal: below it, no relative precision
+    rtol: float
+
+    @classmethod
+    def of(cls, own, exact, rtol: float) -> "Held":
+        own = np.asarray(own)
+        tiny = float(np.finfo(own.dtype).smallest_normal) \
+            if np.issubdtype(own.dtype, np.floating) else 0.0
+        o, e = np.asarray(own, np.float64), np.asarray(exact, np.float64)
+        with np.errstate(all="ignore"):
+            finite = np.isfinite(o) & np.isfinite(e)
+            scale = max(float(np.max(np.abs(e[finite]), initial=0.0)), tiny)
+            right = finite & (np.abs(np.where(finite, o - e, 0.0)) <= rtol * scale + tiny)
+        special = ~np.isfinite(o) & _same(o, e)
+        return cls(o, e, right, special, scale, tiny, rtol)
+
+    @property
+    def lost(self) -> int:
+        """Elements not compared: jax.jit lost range or precision there."""
+        return int((~(self.right | self.special)).sum())
+
+    def wrong(self, got) -> np.ndarray:
+        """Where `got` (float64) breaks what is held."""
+        with np.errstate(all="ignore"):
+            close = np.isfinite(got) & \
+                (np.abs(np.where(self.right, got - self.exact, 0.0)) <= self.rtol * self.scale + self.tiny)
+        return (self.special & ~_same(got, self.own)) | (self.right & ~close)
+
+
+def _same(a, b) -> np.ndarray:
+    return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
 def output_mismatch(want, got, rtol: float, exact=None) -> str:
@@ -303,28 +332,30 @@ def output_mismatch(want, got, rtol: float, exact=None) -> str:
     exact = want if exact is None else np.asarray(exact)
     if got.shape != want.shape or exact.shape != want.shape:
         return f"its shape is {got.shape}, jax.jit's is {want.shape}"
-    held, right, scale, tiny = _held(want, exact, rtol)
-    o, e = np.asarray(want, np.float64), np.asarray(exact, np.float64)
+    held = Held.of(want, exact, rtol)
     with np.errstate(all="ignore"):
         g = np.asarray(got.astype(want.dtype), np.float64)
-        error = np.where(right & np.isfinite(g), np.abs(g - e), 0.0) / scale
-        wrong = (held & ~right & ~((g == o) | (np.isnan(g) & np.isnan(o)))) | \
-            (right & ~(np.isfinite(g) & (np.abs(np.where(right, g - e, 0.0)) <= rtol * scale + tiny)))
-    if not wrong.any():
-        return ""
+    wrong = held.wrong(g)
+    return _message(held, g, wrong) if wrong.any() else ""
+
+
+def _message(held: Held, g, wrong) -> str:
+    o, e = held.own, held.exact
     first = tuple(int(i) for i in np.argwhere(wrong)[0])
-    what = f"relative error {error.max():.3g} > {rtol:g} (largest at " \
-        f"{_at(np.unravel_index(int(np.argmax(error)), error.shape))})" \
-        if np.isfinite(g[first]) and right[first] else "a non-finite value out of place"
+    with np.errstate(all="ignore"):
+        error = np.where(held.right & np.isfinite(g), np.abs(g - e), 0.0) / held.scale
+    worst = _at(np.unravel_index(int(np.argmax(error)), error.shape))
+    what = f"relative error {error.max():.3g} > {held.rtol:g} (largest at {worst})" \
+        if np.isfinite(g[first]) and held.right[first] else "a non-finite value out of place"
+    exact_note = f" (float64 {float(e[first])!r})" if held.right[first] and e[first] != o[first] \
+        else ""
     spots = ", ".join(f"{_at(p)} kernel {float(g[tuple(p)])!r} / jax {float(o[tuple(p)])!r}"
                       for p in np.argwhere(wrong)[:SHOWN])
-    lost = int((~held).sum())
+    lost = (f"\n  not compared: {held.lost} elements where jax.jit(fn) is off fn in float64 "
+            f"(range or precision lost in its own dtypes)") if held.lost else ""
     return (f"{what}; {int(wrong.sum())} of {o.size} elements differ, first at {_at(first)}: "
-            f"kernel {float(g[first])!r}, jax.jit {float(o[first])!r}"
-            + (f" (float64 {float(e[first])!r})" if e[first] != o[first] and right[first] else "")
-            + f"\n  differing: {spots}" + (" ..." if wrong.sum() > SHOWN else "")
-            + (f"\n  not compared: {lost} elements where jax.jit(fn) is off fn in float64 "
-               f"(range or precision lost in its own dtypes)" if lost else ""))
+            f"kernel {float(g[first])!r}, jax.jit {float(o[first])!r}{exact_note}\n"
+            f"  differing: {spots}{' ...' if wrong.sum() > SHOWN else ''}{lost}")
 
 
 def _at(index) -> str:
