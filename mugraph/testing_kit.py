@@ -266,9 +266,8 @@ def _check_interface(fn, kernel) -> None:
     try:
         outs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))
     except Exception as e:
-        raise InvalidInput(f"fn cannot run on the kernel's inputs "
-                           f"{[f'{n.arg[0]}: {n.dtype.short}{list(n.shape)}' for n in kernel.graph.inputs]}"
-                           f": {type(e).__name__}: {e}",
+        inputs = [f"{n.arg[0]}: {n.dtype.short}{list(n.shape)}" for n in kernel.graph.inputs]
+        raise InvalidInput(f"fn cannot run on the kernel's inputs {inputs}: {type(e).__name__}: {e}",
                            hint="pass the function the kernel was made from") from None
     want = [tuple(o.shape) for o in outs]
     have = [tuple(o.shape) for o in kernel.graph.outputs]
@@ -312,8 +311,8 @@ class Held:
     def wrong(self, got) -> np.ndarray:
         """Where `got` (float64) breaks what is held."""
         with np.errstate(all="ignore"):
-            close = np.isfinite(got) & \
-                (np.abs(np.where(self.right, got - self.exact, 0.0)) <= self.rtol * self.scale + self.tiny)
+            off = np.abs(np.where(self.right, got - self.exact, 0.0))
+            close = np.isfinite(got) & (off <= self.rtol * self.scale + self.tiny)
         return (self.special & ~_same(got, self.own)) | (self.right & ~close)
 
 
