@@ -203,8 +203,9 @@ def _block_box(node, names, src_names, phase, chained, label: str) -> Box:
     name, ident = names[node], f"{label}.{names[node]}"
     if node.op is BOp.INPUT:
         spec = node.arg
+        fmap = "none" if spec.fmap is None else spec.fmap
         return Box(ident, "tile", [f"{name} = {src_names[spec.index]}{_index(spec, node.shape)}",
-                                   f"imap {{{_map(spec.imap)}}}  fmap {'none' if spec.fmap is None else spec.fmap}   {_ty(node)}"])
+                                   f"imap {{{_map(spec.imap)}}}  fmap {fmap}   {_ty(node)}"])
     if node.op is BOp.THREAD:
         inner = thread_diagram(node, names, ident)
         return Box(ident, "thread", [f"{name} = thread({', '.join(names[s] for s in node.srcs)})",
