@@ -9,6 +9,7 @@ from mugraph.verify.mutate import (KillRates, Mutant, MutantSet, generate_mutant
                                    mutants, rewrite)
 
 __all__ = ["FF_ELEMENTWISE", "UNINTERPRETED", "Field", "FiniteFieldResult", "FiniteFieldSemantics",
-           "FloatResult", "KillRates", "ModeResult", "Mutant", "MutantSet", "VerificationReport", "check",
-           "degree_bound", "finite_field_test", "float_diff", "generate_mutants", "kill_rates", "pair_bound",
-           "interface_mismatch", "mutants", "quick_equivalent", "rewrite"]
+           "FloatResult", "KillRates", "ModeResult", "Mutant", "MutantSet", "VerificationReport",
+           "check", "degree_bound", "finite_field_test", "float_diff", "generate_mutants",
+           "interface_mismatch", "kill_rates", "mutants", "pair_bound", "quick_equivalent",
+           "rewrite"]
