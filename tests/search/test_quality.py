@@ -17,6 +17,7 @@ import pytest
 
 from mugraph import ir, workloads
 from mugraph.ir.ops import BOp, TOp
+from mugraph.ir.thread import ops_of
 from mugraph.search import SearchConfig, search
 from mugraph.search.baseline import xla_estimate
 from mugraph.search.cost import estimate
@@ -33,7 +34,14 @@ ONE_KERNEL = SearchConfig(max_kernel_ops=1, budget_seconds=240, budget_states=40
 
 
 def _ops(graph) -> list:
-    return [n.op for bg, _ in graph.custom_ops() for n in bg.nodes]
+    """Every block op of the graph's kernels, the elementwise ops of thread graphs included."""
+    return [op for bg, _ in graph.custom_ops() for n in bg.nodes for op in _members(n)]
+
+
+def _members(node) -> list:
+    if node.op is BOp.THREAD:
+        return [BOp.THREAD] + [t.op for t in ops_of(node.arg)]
+    return [node.op]
 
 
 REFERENCE_SLACK = 1.5   # the winner's estimate may exceed the hand-written kernel's by this much
