@@ -5,9 +5,11 @@ from mugraph.verify.finite_field import (FF_ELEMENTWISE, UNINTERPRETED, Field,
                                          FiniteFieldResult, FiniteFieldSemantics, degree_bound,
                                          finite_field_test, pair_bound)
 from mugraph.verify.float_diff import FloatResult, ModeResult, float_diff
-from mugraph.verify.mutate import Mutant, MutantSet, generate_mutants, mutants, rewrite
+from mugraph.verify.mutate import (KillRates, Mutant, MutantSet, generate_mutants, kill_rates,
+                                   mutants, rewrite)
 
 __all__ = ["FF_ELEMENTWISE", "UNINTERPRETED", "Field", "FiniteFieldResult", "FiniteFieldSemantics",
-           "FloatResult", "ModeResult", "Mutant", "MutantSet", "VerificationReport", "check",
-           "degree_bound", "finite_field_test", "float_diff", "generate_mutants", "pair_bound",
-           "interface_mismatch", "mutants", "quick_equivalent", "rewrite"]
+           "FloatResult", "KillRates", "ModeResult", "Mutant", "MutantSet", "VerificationReport",
+           "check", "degree_bound", "finite_field_test", "float_diff", "generate_mutants",
+           "interface_mismatch", "kill_rates", "mutants", "pair_bound", "quick_equivalent",
+           "rewrite"]

@@ -18,16 +18,16 @@ import time
 import numpy as np
 
 from mugraph.ir.block import BlockGraph, BlockOutput
+from mugraph.ir.errors import InvalidInput, VerificationError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import KERNEL_EVAL, run_block_graph
 from mugraph.ir.node import BNode
 from mugraph.ir.ops import BOp, KOp
-from mugraph.verify.field import (as_u64, derive_key, join, mix64, single_threaded_blas)
+from mugraph.verify.field import as_u64, derive_key, join, mix64, single_threaded_blas
 from mugraph.verify.field_bound import pair_bound
 from mugraph.verify.field_semantics import NeedsExponents, ZeroDivisorDrawn
 from mugraph.verify.finite_field import (FiniteFieldResult, default_count, first_mismatch,
                                          make_draw)
-from mugraph.ir.errors import VerificationError
 
 BLOCK = 64
 ALL = None        # a dim needed whole
@@ -295,7 +295,6 @@ def sampled_test(spec: KernelGraph, candidate: KernelGraph, sample_blocks: int, 
     """`finite_field_test` on `sample_blocks` random output tiles per output and test."""
     start = time.perf_counter()
     if not isinstance(sample_blocks, int) or isinstance(sample_blocks, bool) or sample_blocks < 1:
-        from mugraph.ir.errors import InvalidInput
         raise InvalidInput(f"sample_blocks={sample_blocks!r} is not a positive number of blocks",
                            hint="use None to compare every output element")
     bound = pair_bound(spec, candidate)
