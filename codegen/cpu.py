@@ -29,6 +29,7 @@ import shlex
 import subprocess
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,7 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from mugraph.codegen.compile import RUNTIME_DIR, first_error_line, runtime_digest, source_excerpt
-from mugraph.ir.errors import CompileError, InvalidInput, MugraphError
+from mugraph.ir.cache_dir import usable_dir
+from mugraph.ir.errors import CacheWarning, CompileError, InvalidInput, MugraphError
 from mugraph.ir.settings import settings
 
 SCHEDULES = {"rr": 0, "reverse": 1, "random": 2, "warpgreedy": 3}
@@ -164,13 +166,22 @@ def build_cpu(source: str, entry: str | Sequence[str] | None = None, *, defines:
         raise InvalidInput("the source exports no kernel", hint="pass entry='kernel_name' or add MG_CPU_ENTRY(name)")
     flags = _header_flags(fast_switch)
     macros = _macros(defines)
-    cache = Path(cache_dir) if cache_dir else cache_root() / "cpu"
+    cache = usable_dir(Path(cache_dir) if cache_dir else cache_root() / "cpu", "CPU-harness builds")
     key = _digest([source, flags, macros, runtime_digest(), _compiler_version()])
     with _MEMO_LOCK:
         if (cache, key) in _MEMO:
             return _MEMO[cache, key]
     so, seconds = _build(source, flags, macros, cache, key, pch)
-    module = CpuModule(path=so, entries=entries, build_seconds=seconds, _lib=_load(so, entries))
+    try:
+        lib = _load(so, entries)
+    except (OSError, AttributeError, CompileError) as e:
+        # a garbage, empty or stale .so (a crash mid-write, a full disk, an older shim): rebuild it
+        warnings.warn(f"CPU-harness build {so.name} was unusable ({type(e).__name__}); rebuilding it",
+                      CacheWarning, stacklevel=2)
+        so.unlink(missing_ok=True)
+        so, seconds = _build(source, flags, macros, cache, key, pch)
+        lib = _load(so, entries)
+    module = CpuModule(path=so, entries=entries, build_seconds=seconds, _lib=lib)
     with _MEMO_LOCK:
         return _MEMO.setdefault((cache, key), module)
 
@@ -274,7 +285,10 @@ def _pch_dir(cache: Path, flags: list[str]) -> Path:
 
 
 def _run_gxx(cmd: list[str], source: str, file_name: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise CompileError("g++ not found; the CPU harness needs it", hint="apt-get install g++") from None
     if proc.returncode != 0:
         log = proc.stderr.strip()
         line = first_error_line(log, file_name)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 
 from mugraph.ir.errors import SearchError
@@ -39,8 +40,16 @@ class SearchConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                               or value < 0):
+                                               or math.isnan(value) or value < 0):
                 raise SearchError(f"SearchConfig.{f.name}={value!r} must be a non-negative number")
+            if f.type == "int":
+                if value != math.floor(value):
+                    raise SearchError(f"SearchConfig.{f.name}={value!r} must be a whole number")
+                object.__setattr__(self, f.name, int(value))
+        for name in ("kernel_ops", "block_ops"):
+            if isinstance(getattr(self, name), str):
+                raise SearchError(f"SearchConfig.{name}={getattr(self, name)!r} is one string",
+                                  hint=f"give a list of op names, e.g. {name}=['matmul', 'exp']")
         if self.target not in TARGETS:
             raise SearchError(f"unknown target {self.target!r}", hint=f"one of {', '.join(TARGETS)}")
         for name in self.kernel_ops:
@@ -61,6 +70,9 @@ class SearchConfig:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SearchError(f"SearchConfig JSON is malformed: {e}") from None
+        if not isinstance(data, dict):
+            raise SearchError(f"SearchConfig JSON must be an object of fields, got "
+                              f"{type(data).__name__}")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise SearchError(f"unknown SearchConfig fields {sorted(unknown)}")

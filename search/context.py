@@ -7,12 +7,14 @@ from enum import Enum
 
 from mugraph.ir import DType, KernelGraph
 from mugraph.ir.ops import BOp, KOp, TOp
+from mugraph.search import interrupt
 
 
 class StopReason(Enum):
     EXHAUSTED = "exhausted"
     TIME = "time"
     STATES = "states"
+    INTERRUPTED = "interrupted"     # Ctrl-C or SIGTERM (search.interrupt)
 
 
 class Reject(Enum):
@@ -105,6 +107,8 @@ class Budget:
     started: float = field(default_factory=time.monotonic)
 
     def check(self, counters: Counters) -> None:
+        if interrupt.requested():
+            raise BudgetExhausted(StopReason.INTERRUPTED)
         if counters.states >= self.states:
             raise BudgetExhausted(StopReason.STATES)
         if self.cap is not None and counters.states >= self.cap:

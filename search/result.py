@@ -38,6 +38,8 @@ class SearchReport:
     config: str = ""
     best_found_seconds: float | None = None   # when the winner's structure was first found
     best_found_states: int | None = None      # ... and after how many states
+    resumed: str = ""                         # where a resumed search took up (checkpoint)
+    resized: str = ""                         # a winner re-sized from another shape's search
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -55,6 +57,10 @@ class SearchReport:
         ]
         if self.rules_fired:
             lines.append(f"canonicalised: {', '.join(self.rules_fired)}")
+        if self.resumed:
+            lines.append(self.resumed)
+        if self.resized:
+            lines.append(self.resized)
         return "\n".join(lines)
 
 
@@ -76,28 +82,35 @@ class SearchResult:
         return xla_estimate(self.spec, self.report.target)
 
     @property
-    def speedup(self) -> float:
-        """The headline: estimated speedup of the winner over the XLA-like baseline."""
-        return self.xla_estimate.seconds / self.candidates[0].seconds
+    def speedup(self) -> float | None:
+        """The headline: estimated speedup of the winner over the XLA-like baseline; None when
+        the winner launches nothing (an identity, a program of its inputs only)."""
+        best = self.candidates[0].seconds
+        return self.xla_estimate.seconds / best if best > 0 else None
 
     @property
-    def speedup_vs_unfused(self) -> float:
+    def speedup_vs_unfused(self) -> float | None:
         """Estimated speedup over the unfused spec (one library launch per op): secondary."""
-        return self.report.spec_estimate.seconds / self.candidates[0].seconds
+        best = self.candidates[0].seconds
+        return self.report.spec_estimate.seconds / best if best > 0 else None
 
     def summary(self) -> str:
         best = self.candidates[0]
         roof = self.report.roofline.seconds
-        lines = [str(self.report), "",
-                 f"winner: {best.structure}",
-                 f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
-                 f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
-                 f"  estimated speedup {self.speedup:.2f}x against the XLA-like baseline "
-                 f"{self.xla_estimate.seconds * 1e6:.2f} us (what jax.jit would launch: "
-                 f"{self.xla_estimate.launches} fused kernels; search/baseline.py)",
-                 f"  {self.speedup_vs_unfused:.2f}x against the unfused program "
-                 f"{self.report.spec_estimate.seconds * 1e6:.2f} us "
-                 f"({self.report.spec_estimate.launches} launches, one per op)"]
+        lines = [str(self.report), "", f"winner: {best.structure}"]
+        if best.seconds > 0 and roof > 0:
+            lines += [f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
+                      f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
+                      f"  estimated speedup {self.speedup:.2f}x against the XLA-like baseline "
+                      f"{self.xla_estimate.seconds * 1e6:.2f} us (what jax.jit would launch: "
+                      f"{self.xla_estimate.launches} fused kernels; search/baseline.py)",
+                      f"  {self.speedup_vs_unfused:.2f}x against the unfused program "
+                      f"{self.report.spec_estimate.seconds * 1e6:.2f} us "
+                      f"({self.report.spec_estimate.launches} launches, one per op)"]
+        else:
+            lines.append(f"  the cost model counts no work: the outputs are inputs or constants "
+                         f"(estimated {best.seconds * 1e6:.2f} us on {self.report.target}; no "
+                         f"speedup to report)")
         if self.report.verification is not None:
             lines.append("  verification: " + str(self.report.verification).replace("\n", "\n    "))
         return "\n".join(lines)

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-import sys
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -91,15 +91,20 @@ def run_task(args):
 
 
 def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=None,
-           executor=None) -> SearchResult:
-    """Find the best verified μGraph for `spec` (see the module docstring for the steps)."""
+           executor=None, checkpoint=None) -> SearchResult:
+    """Find the best verified μGraph for `spec` (see the module docstring for the steps).
+
+    `checkpoint` (a `search.checkpoint.Checkpointer`) resumes from the state a stopped run left
+    and saves the state as the search goes. A stop request (`search.interrupt`) ends the
+    enumeration at once; the result then holds the best structure verified so far, without the
+    check at the real shapes, and the stop reason "interrupted"."""
     from mugraph.search.executors import make_executor
     config = config or SearchConfig()
     if not isinstance(spec, KernelGraph):
         raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
                           hint="trace a JAX function with mugraph.ir.from_jax first")
     started = time.monotonic()
-    show = progress if progress is not None else _default_progress()
+    show = progress if progress is not None else _default_progress(config)
     canonical, fired = canonicalize(spec)
     indexed, leaves = index_inputs(canonical)   # iotas are inputs of the structure search
     analysis = analyze(indexed)
@@ -109,14 +114,16 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     own_executor = executor is None
     executor = executor or make_executor(config.workers)
     ranking = _Ranking(spec, constants, config, indexed, leaves)
+    hooks = _Hooks(checkpoint, ranking)
     try:
-        counters, stop = _enumerate(problem, executor, started, show, ranking)
-        searched = time.monotonic() - started
+        counters, stop = _enumerate(problem, executor, started, show, ranking, hooks)
+        searched = time.monotonic() - started + hooks.searched_before
     finally:
+        getattr(show, "close", lambda: None)()
         if own_executor:
             executor.close()
     return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started,
-                   searched)
+                   searched, hooks.resumed_note)
 
 
 class _Ranking:
@@ -156,44 +163,94 @@ class _Ranking:
         return min((c.seconds for c in self.candidates), default=None)
 
 
+class _Hooks:
+    """The runner's side of checkpoints: restore a saved state, save the current one."""
+
+    def __init__(self, checkpoint, ranking):
+        self.checkpoint, self.ranking = checkpoint, ranking
+        self.start = checkpoint.resume() if checkpoint is not None else None
+        self.searched_before = self.start.searched if self.start else 0.0
+        self.resumed_note = (f"resumed from a checkpoint saved "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.start.saved))}"
+                             f" at {self.start.where()}" if self.start else "")
+        if self.start is not None:
+            ranking.candidates[:] = self.start.candidates
+            ranking.first_found.update(self.start.first_found)
+            ranking.misfits = self.start.misfits
+
+    def save(self, started, depth, cap, share, todo, unfinished, counters, seen, force=False):
+        if self.checkpoint is None:
+            return
+        from mugraph.search.checkpoint import SearchState
+        runs = self.start.runs + 1 if self.start else 1
+        # a snapshot, consistent at this task boundary (the runner goes on mutating its own)
+        snapshot = dataclasses.replace(counters, pruned=dict(counters.pruned))
+        self.checkpoint.save(SearchState(
+            depth, cap, share, None if todo is None else list(todo), list(unfinished), snapshot,
+            list(seen), list(self.ranking.candidates), dict(self.ranking.first_found),
+            self.ranking.misfits, time.monotonic() - started + self.searched_before, runs),
+            force=force)
+
+
 FIRST_CAP = 2048     # states per task in the first round; each round multiplies it by CAP_GROWTH
 CAP_GROWTH = 4
 
 
-def _enumerate(problem, executor, started, show, ranking):
+def _enumerate(problem, executor, started, show, ranking, hooks):
     """Iterative deepening on kernel ops; within a depth, iterative broadening over root tasks:
     every task gets a share of states per round, unfinished tasks run again with a share
-    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget."""
+    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget. The state is
+    saved after every task (hooks); a resumed search starts in the round it was stopped in."""
     config = problem.config
     deadline = started + config.budget_seconds
     counters, seen, stop = Counters(), set(), StopReason.EXHAUSTED
     enum = _enumerator(problem, deadline, config.budget_states)
-    for depth in range(1, config.max_kernel_ops + 1):
-        pending, cap = enum.root_tasks(depth), FIRST_CAP
-        while pending and stop is StopReason.EXHAUSTED:
+    first_depth, resumed = 1, hooks.start
+    if resumed is not None:
+        counters, seen, first_depth = resumed.counters, set(resumed.seen), resumed.depth
+    for depth in range(first_depth, config.max_kernel_ops + 1):
+        pending, cap, carried, fixed_share = enum.root_tasks(depth), FIRST_CAP, [], None
+        if resumed is not None:
+            if resumed.todo is not None:  # None: stopped between depths, the new depth's tasks
+                pending, cap, carried = resumed.todo, resumed.cap, list(resumed.unfinished)
+                fixed_share = resumed.share
+            resumed = None
+        while (pending or carried) and stop is StopReason.EXHAUSTED:
+            if not pending:  # a resumed round whose own tasks had all run
+                pending, cap, carried = carried, cap * CAP_GROWTH, []
+                continue
             # the states left are shared out, so tasks running side by side cannot overrun
             # them; a task that uses its share runs again next round, like one at its cap
-            share = (config.budget_states - counters.states) // len(pending)
+            share = fixed_share or (config.budget_states - counters.states) // len(pending)
+            fixed_share = None
             if share < 1:
                 stop = StopReason.STATES
                 break
             batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
                      for t in pending]
-            unfinished = []
-            for task, (found, task_counters, task_stop, finished) in zip(
-                    pending, executor.map(run_task, batch)):
+            unfinished, carried = carried, []
+            for i, (task, (found, task_counters, task_stop, finished)) in enumerate(zip(
+                    pending, executor.map(run_task, batch))):
                 counters.merge(task_counters)
                 _verify_found(problem, found, seen, counters, ranking)
                 show(counters, ranking.best_seconds, time.monotonic() - started)
                 if task_stop is not None:
                     stop = task_stop
+                    hooks.save(started, depth, cap, share, pending[i:], unfinished, counters,
+                               seen, force=True)  # the stopped task runs again on resume
                     break
                 if not finished:
                     unfinished.append(task)
+                hooks.save(started, depth, cap, share, pending[i + 1:], unfinished, counters, seen)
             pending, cap = unfinished, cap * CAP_GROWTH
         if stop is not StopReason.EXHAUSTED or counters.verified >= config.max_candidates:
             break
+        hooks.save(started, depth + 1, FIRST_CAP, None, _NEXT_DEPTH, [], counters, seen)
     return counters, stop
+
+
+# a saved frontier at a depth boundary: the next depth's root tasks (computed when resuming)
+_NEXT_DEPTH = None
 
 
 def _verify_found(problem, found, seen, counters, ranking) -> None:
@@ -221,7 +278,8 @@ def _rank_key(c: Candidate):
             c.origin != "search", c.graph.digest())
 
 
-def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched):
+def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched,
+            resumed=""):
     from mugraph.search.cost import estimate, roofline
     from mugraph.verify import check, quick_equivalent
     target = config.target
@@ -233,7 +291,7 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
                                 "the canonical spec (library kernels)", "spec"))
     ranked.sort(key=_rank_key)
     verification, rejected = None, 0
-    while ranked:
+    while ranked and stop is not StopReason.INTERRUPTED:  # stopping: no check at the real shapes
         if ranked[0].graph is spec:
             # the program itself is its own reference: nothing to verify, and a float test of
             # a 16-bit program against float64 can fail for the program itself (bf16 softmax)
@@ -260,18 +318,18 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
         verification=verification, config=config.to_json(),
         best_found_seconds=ranking.first_found.get(best.graph, (None, None))[0],
-        best_found_states=ranking.first_found.get(best.graph, (None, None))[1])
+        best_found_states=ranking.first_found.get(best.graph, (None, None))[1], resumed=resumed)
     return SearchResult(best.graph, tuple(ranked), report, spec)
 
 
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    from mugraph.ir.ops import KERNEL_LAYOUT
+    from mugraph.ir.ops import KERNEL_LAYOUT, KOp
     read_by_library = {s for n in graph.nodes if n.op.value != "custom" for s in n.srcs}
     library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")
                and not (n.op in KERNEL_LAYOUT and n not in read_by_library
-                        and n not in graph.outputs)]   # a view custom kernels read through
+                        and (n not in graph.outputs or n.op is KOp.RESHAPE))]   # views
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
     if library:
         parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")
@@ -280,18 +338,13 @@ def describe(graph: KernelGraph) -> str:
     return ", ".join(parts) + (": " + "; ".join(kernels) if kernels else "")
 
 
-def _default_progress():
-    from mugraph.ir.settings import settings
-    if not settings.progress or not sys.stderr.isatty():
-        return lambda *a: None
-    last = [0.0]
+def _default_progress(config):
+    from mugraph.search.progress import default_progress
+    return default_progress(config.budget_seconds, in_flight=_in_flight_states)
 
-    def show(counters, best, elapsed):
-        if elapsed - last[0] < 1.0:
-            return
-        last[0] = elapsed
-        best_text = f"best {best * 1e6:.2f} us" if best is not None else "no candidate yet"
-        print(f"\r  search: {elapsed:6.1f} s  {counters.states:>9} states  "
-              f"{counters.verified:>3} verified  {best_text}   ", end="", file=sys.stderr,
-              flush=True)
-    return show
+
+def _in_flight_states() -> tuple[int, int]:
+    """(which task, its states) for the task running in this process (in-process executor),
+    whose counters are merged only when it ends."""
+    enum = _WORKER.get("enum")
+    return (id(enum.ctx.counters), enum.ctx.counters.states) if enum is not None else (0, 0)
