@@ -29,6 +29,7 @@ denormals), each placed where it means something for the program at hand.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 import weakref
@@ -41,8 +42,9 @@ from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
 from mugraph.ir.origin import jax_origin
-from mugraph.verify.finite_field import single_threaded_blas
-from mugraph.verify.special_values import CASES, finfo, special_inputs
+from mugraph.ir.semantics import NumpySemantics
+from mugraph.verify.field import single_threaded_blas
+from mugraph.verify.special_values import CASES, finfo, normal, special_inputs
 
 OWN_TOLERANCE = {DType.FLOAT32: 1e-4, DType.FLOAT16: 1e-2, DType.BFLOAT16: 1e-2}
 FLOAT64_TOLERANCE = 1e-9
@@ -179,10 +181,61 @@ def _badness(m: ModeResult) -> float:
 # ---- inputs ---------------------------------------------------------------------------------------
 def random_inputs(graph: KernelGraph, *, seed: int = 0,
                   scale: float = 1.0) -> dict[str, np.ndarray]:
-    """N(0, 1) · scale per input, rounded to the input's dtype (held in float64)."""
+    """N(0, 1) · scale per input, as an array of the input's dtype (`special_values.normal`)."""
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
-    return {node.arg[0]: (rng.standard_normal(node.shape) * scale).astype(node.dtype.numpy)
-            .astype(np.float64) for node in graph.inputs}
+    return {node.arg[0]: normal(rng, node.shape, node.dtype, scale) for node in graph.inputs}
+
+
+class CaseInputs(dict):
+    """One case's inputs by name, each an array of its input's dtype (the caller's promise: they
+    are not rounded again); `widened()` holds the same
+    values in float64, made once for every float64 run of the case (widening a large fp16 weight
+    costs more than the matmul that reads it)."""
+
+    def __init__(self, arrays):
+        super().__init__(arrays)
+        self._wide = None
+
+    def widened(self) -> dict:
+        if self._wide is None:
+            self._wide = {name: widen(a) for name, a in self.items()}
+        return self._wide
+
+
+@functools.lru_cache(maxsize=8)
+def _widening_table(dtype: np.dtype, to: type) -> np.ndarray:
+    """Every value of a 16-bit float dtype, by bit pattern, in `to`."""
+    return np.arange(1 << 16, dtype=np.uint16).view(dtype).astype(to)
+
+
+def widen(a, to: type = np.float64) -> np.ndarray:
+    """`a` as `to`, exactly. A 16-bit float array goes through a table of its 2^16 values: NumPy
+    converts float16 in a software loop that is slow, and 5x slower again on subnormals."""
+    a = np.asarray(a)
+    if a.dtype.itemsize == 2 and a.dtype.kind == "f" or a.dtype == DType.BFLOAT16.numpy:
+        return _widening_table(a.dtype, to)[a.view(np.uint16)]
+    return a.astype(to)
+
+
+class _DtypeInputs(NumpySemantics):
+    """The NumPy semantics on inputs that already hold values of their dtypes (float_diff makes
+    them so): float64 runs read the case's widened copy as is, own-precision runs the dtype arrays
+    as is, where `NumpySemantics.input` would round and convert every element again; 16-bit
+    values widen to fp32 through `widen`'s table (subnormals cost 4x more through NumPy's cast)."""
+
+    def input(self, array, dtype):
+        a = np.asarray(array)
+        if a.dtype == (np.float64 if self.float64 else dtype.numpy):
+            return a
+        return super().input(array, dtype)
+
+    def _up(self, x):
+        if not self.float64 and isinstance(x, np.ndarray) and x.dtype.itemsize == 2:
+            return widen(x, np.float32)
+        return super()._up(x)
+
+
+_SEMANTICS = {"float64": _DtypeInputs(float64=True), "own": _DtypeInputs(float64=False)}
 
 
 # ---- comparison -----------------------------------------------------------------------------------
@@ -244,7 +297,10 @@ class Reference:
 
 def _run(graph, inputs, mode):
     with single_threaded_blas(), np.errstate(all="ignore"):  # overflow is reported, not warned
-        return interpret(graph, inputs, dtype=mode)
+        if not isinstance(inputs, CaseInputs):   # arrays of any type: rounded to the dtypes
+            return interpret(graph, inputs, dtype=mode)
+        arrays = inputs.widened() if mode == "float64" else inputs
+        return interpret(graph, arrays, semantics=_SEMANTICS[mode])
 
 
 def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:
@@ -361,7 +417,7 @@ def usable_inputs(spec: KernelGraph, seed: int, scale: float):
     is finite (at most SCALE_TRIES times).
     """
     for _ in range(SCALE_TRIES):
-        inputs = random_inputs(spec, seed=seed, scale=scale)
+        inputs = CaseInputs(random_inputs(spec, seed=seed, scale=scale))
         ref = cached_reference(spec, inputs, "random", (seed, scale))
         if all(np.isfinite(o)[np.isfinite(e)].all() for e, o in zip(ref.float64, ref.own_run)):
             break
@@ -407,6 +463,7 @@ def _run_case(spec, candidate, case, base, base_ref, seed, scale, modes) -> Case
     inputs, detail = special_inputs(spec, case, base, seed)
     if inputs is None:
         return CaseResult(case, detail, (), skipped=detail)
+    inputs = base if inputs is base else CaseInputs(inputs)
     ref = base_ref if case == "random" else cached_reference(spec, inputs, case, (seed, scale))
     return CaseResult(case, detail, tuple(run_mode(m, ref, candidate, inputs, case) for m in modes))
 

@@ -87,7 +87,7 @@ def test_a_missing_softmax_shift_passes_the_field_test_and_fails_the_float_test(
 def test_random_inputs_are_rounded_to_their_dtype_and_reproducible():
     x = _x("float16", (3, 5))
     a = random_inputs(ir.KernelGraph([x]), seed=4, scale=3.0)["X"]
-    assert a.dtype == np.float64 and np.array_equal(a, a.astype(np.float16).astype(np.float64))
+    assert a.dtype == np.float16 and np.isfinite(a).all() and len(np.unique(a)) > 5
     assert np.array_equal(a, random_inputs(ir.KernelGraph([x]), seed=4, scale=3.0)["X"])
 
 
