@@ -14,8 +14,8 @@ from mugraph.ir import BOp, KNode, KOp, TOp
 from mugraph.ir.errors import VerificationError
 from mugraph.ir.ops import BINARY, TERNARY, UNARY
 from mugraph.verify import field_bound, finite_field as ff
-from mugraph.verify.field import (Q_MIN, Field, Permutation, exact_matmul, field_for_draw, join,
-                                  p_part, q_part, random_safe_prime)
+from mugraph.verify.field import (Q_MIN, Field, Permutation, exact_matmul, field_for_draw,
+                                  is_bottom, join, p_part, q_part, random_safe_prime)
 from mugraph.verify.field_semantics import (FF_ELEMENTWISE, UNINTERPRETED, FiniteFieldSemantics,
                                             ZeroDivisorDrawn)
 from mugraph.verify.finite_field import finite_field_test
@@ -68,7 +68,7 @@ def test_each_draw_is_a_random_safe_prime_in_range():
     assert len(set(primes)) == len(primes)
     for p, q in primes:
         assert _is_prime(p) and _is_prime(q) and p == 2 * q + 1
-        assert Q_MIN <= q < 2 * Q_MIN and p < 2 ** 31
+        assert Q_MIN <= q < 2 * Q_MIN and p < 2 ** 51
 
 
 def test_field_rejects_a_generator_of_the_wrong_order():
@@ -137,13 +137,13 @@ def test_an_exp_has_no_exponent_image_and_bottom_absorbs():
     sem = _sem(2)
     a, b = _random(sem, (8, 16), 3), _random(sem, (16, 4), 4)
     e = _op(sem, TOp.EXP, a)
-    assert (e < 0).all() and (q_part(e) == 0).all()
-    assert (_op(sem, TOp.ADD, e, a) < 0).all() and not (_op(sem, TOp.ADD, a, a) < 0).any()
+    assert is_bottom(e).all() and (q_part(e) == -1).all()
+    assert is_bottom(_op(sem, TOp.ADD, e, a)).all() and not is_bottom(_op(sem, TOp.ADD, a, a)).any()
     mixed = a.copy()
     mixed[2, 5] = e[2, 5]                    # one element of row 2 depends on an exp
     out = sem.matmul(mixed, b, None)
-    assert (out[2] < 0).all() and not (np.delete(out, 2, axis=0) < 0).any()
-    assert (sem.reduce_sum(mixed, 1, None)[:, 0] < 0).tolist() == [r == 2 for r in range(8)]
+    assert is_bottom(out[2]).all() and not is_bottom(np.delete(out, 2, axis=0)).any()
+    assert is_bottom(sem.reduce_sum(mixed, 1, None)[:, 0]).tolist() == [r == 2 for r in range(8)]
 
 
 def test_an_exp_of_an_exp_sees_its_argument():
@@ -163,7 +163,7 @@ def test_a_zero_divisor_is_a_bad_draw_and_a_zero_image_is_bottom():
     with pytest.raises(ZeroDivisorDrawn):
         _op(sem, TOp.DIV, join(3, 3), join(0, 5))
     out = _op(sem, TOp.DIV, join(3, 3), join(5, 0))
-    assert out < 0 and p_part(out) == 3 * pow(5, -1, sem.field.p) % sem.field.p
+    assert is_bottom(out) and p_part(out) == 3 * pow(5, -1, sem.field.p) % sem.field.p
 
 
 def test_division_inverts_multiplication():
@@ -306,7 +306,7 @@ def test_default_tests_meet_the_target_bound():
 
 def test_a_bound_that_cannot_reach_the_target_is_not_established():
     x, _ = _xy((1, 8))
-    spec = ir.KernelGraph([x ** 30000000.0])        # degree 3e7: one test bounds 3e7/2^29
+    spec = ir.KernelGraph([x ** 3e13])              # degree 3e13: one test bounds 3e13/2^49
     result = finite_field_test(spec, spec, seed=0, max_tests=3)
     assert result.passed and not result.established and result.error_bound > 2.0 ** -40
     assert "not established" in str(result)
@@ -314,7 +314,7 @@ def test_a_bound_that_cannot_reach_the_target_is_not_established():
 
 def test_a_degree_beyond_the_field_gives_bound_one():
     x, _ = _xy((1, 8))
-    spec = ir.KernelGraph([x ** float(2 ** 31)])
+    spec = ir.KernelGraph([x ** float(2 ** 51)])     # d >= q: no test bounds anything
     result = finite_field_test(spec, spec, seed=0, tests=2)
     assert result.passed and result.error_bound == 1.0 and not result.established
     assert finite_field_test(spec, spec, seed=0).tests == 3   # more tests would not help
@@ -398,11 +398,13 @@ def test_a_test_count_below_one_is_refused():
 
 @pytest.mark.parametrize("k", [64, 65, 2048, 2049])
 def test_matmul_is_exact_where_limb_products_are_largest(k):
-    # residues whose limbs are all ones maximise every partial sum of every chunk
+    # residues whose limbs are all ones maximise every partial sum of every chunk: the narrow
+    # operand's 16- and 21-bit limbs, the wide operand's two 26-bit ones
     p, _ = random_safe_prime(np.random.default_rng(9))
-    a = np.full((3, k), p - 1, np.int64)
-    b = np.full((k, 2), (1 << 31) - 1 if (1 << 31) - 1 < p else p - 1, np.int64)
-    b = np.minimum(b, p - 1)
+    narrow = (1 << 48) - 1 if k > 64 else (1 << 42) - 1
+    wide = (((p - 1) >> 26) << 26) - 1
+    a = np.full((2, k), narrow, np.int64)         # fewer elements: the narrow operand
+    b = np.full((k, 3), wide, np.int64)
     rng = np.random.default_rng(k)
     b[rng.integers(0, k, 5), 0] = rng.integers(0, p, 5)
     exact = (a.astype(object) @ b.astype(object)) % p
