@@ -178,13 +178,29 @@ def mulmod(a, b, m: int) -> np.ndarray:
     one of floor(a·b/m). a·b − k·m, computed in int64 modulo 2^64, then lies in [−m, 2m) and is
     exact; two conditional corrections bring it into [0, m).
     """
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    k = (a.astype(np.float64) * b.astype(np.float64) * (1.0 / m)).astype(np.int64)
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    estimate = a.astype(np.float64)
+    estimate *= b
+    estimate *= 1.0 / m
+    k = estimate.astype(np.int64)
     with np.errstate(over="ignore"):
-        r = a * b - k * m
-    r += (r >> 63) & m
+        r = a * b
+        k *= m
+    r -= k
+    return _into_range(r, m)
+
+
+def _into_range(r: np.ndarray, m: int) -> np.ndarray:
+    """r mod m for r in [−m, 2m), in place (r is a fresh array)."""
+    if np.ndim(r) == 0:
+        return np.int64(int(r) % m)
+    sign = r >> 63
+    sign &= m
+    r += sign
     r -= m
-    r += (r >> 63) & m
+    np.right_shift(r, 63, out=sign)
+    sign &= m
+    r += sign
     return r
 
 
@@ -295,22 +311,36 @@ def _matmul_split(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
 
 
 def _chunk_product(limbs, cols, rows: int, count: int, bits: int, m: int) -> np.ndarray:
-    """Σ over one chunk of K, mod m: the narrow limbs (stacked along rows) times each wide limb."""
-    wide = [cols & ((1 << WIDE_BITS) - 1), cols >> WIDE_BITS]
-    result = None
-    for j in reversed(range(2)):
-        c = np.matmul(limbs, wide[j].astype(np.float64))
-        part = _reduce53(c[..., (count - 1) * rows:, :], m)
-        for i in reversed(range(count - 1)):   # Horner over the narrow limbs
-            part = (mulmod(part, np.int64(1 << bits), m)
-                    + _reduce53(c[..., i * rows:(i + 1) * rows, :], m)) % m
-        result = part if result is None else (mulmod(result, np.int64(1 << WIDE_BITS), m) + part) % m
-    return result
+    """Σ over one chunk of K, mod m: the narrow limbs (stacked along rows) times both wide limbs
+    (side by side along columns), in one float64 matmul; then the limb products recombined."""
+    n = cols.shape[-1]
+    wide = np.concatenate([cols & ((1 << WIDE_BITS) - 1), cols >> WIDE_BITS], axis=-1)
+    c = np.matmul(limbs, wide.astype(np.float64))
+    per_wide = [shifted_sum_mod([c[..., i * rows:(i + 1) * rows, j * n:(j + 1) * n]
+                                 for i in range(count)], [bits * i for i in range(count)], m)
+                for j in range(2)]
+    return shifted_sum_mod(per_wide, [0, WIDE_BITS], m)
 
 
-def _reduce53(x: np.ndarray, m: int) -> np.ndarray:
-    """x mod m for integers 0 <= x < 2^53 held in float64, as int64."""
-    return x.astype(np.int64) % m
+def shifted_sum_mod(parts, shifts, m: int) -> np.ndarray:
+    """Σ parts[k]·2^shifts[k] mod m, for integer parts 0 <= parts[k] < 2^53 (float64 or int64)
+    whose true sum T is below 2^40·m, with at most seven parts.
+
+    As in `mulmod`: T mod 2^64 is exact in wrapping uint64 arithmetic; the float64 sum (each
+    term exact, as a power-of-two multiple) is within (parts − 1)·2^-53·T of T, so T/m comes out
+    within 8·2^-53·2^40 < 1 and truncates to within one of floor(T/m). In `exact_matmul` a chunk's
+    recombined limb products are Σ a_k·w_k < 2^11·m·2^26 (a_k a residue, w_k a 26-bit limb).
+    """
+    approx = np.array(parts[0], np.float64)
+    exact = np.asarray(parts[0]).astype(np.int64).view(np.uint64)
+    for part, shift in zip(parts[1:], shifts[1:]):
+        approx += np.asarray(part, np.float64) * float(1 << shift)
+        exact += np.asarray(part).astype(np.int64).view(np.uint64) << np.uint64(shift)
+    approx *= 1.0 / m
+    k = approx.astype(np.uint64)
+    k *= np.uint64(m)
+    exact -= k
+    return _into_range(exact.view(np.int64), m)
 
 
 @functools.lru_cache(maxsize=1)
