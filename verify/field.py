@@ -281,7 +281,7 @@ def exact_matmul(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
 
 WIDE_BITS = 26              # the larger operand's limbs: residues < 2^51 need two
 _SMALL_BITS = 27            # s + log2(chunk): the smaller operand's limb width and the K chunk share it
-_MAX_CHUNK_BITS = 11
+_MAX_CHUNK_BITS = 10        # 17-bit narrow limbs: three cover 51 bits
 _COLUMNS = 1 << 11          # the larger operand's limbs are made this many columns at a time
 
 
@@ -401,19 +401,19 @@ _REHASH = np.uint64(0xD6E8FEB86659FD93)
 
 
 def uniform_below(h: np.ndarray, m: int) -> np.ndarray:
-    """Elements of [0, m) exactly uniform if the 64-bit words `h` are: the top m.bit_length()
-    bits of each, rehashed (splitmix64 of the word) until they fall below m. A bare `h % m` would
-    favour small residues by up to m / 2^64 each, and the bound's uniformity is per element."""
+    """Elements of [0, m) exactly uniform if the 64-bit words `h` are: h mod m where h is below
+    the largest multiple of m that fits (every residue then has as many preimages), and a rehash
+    (splitmix64 of the word) of the rare word above it (probability < m/2^64 < 2^-13). A bare
+    h mod m would favour small residues by up to m / 2^64 each, and the bound's uniformity is
+    per element."""
     shape = np.shape(h)
     h = np.array(h, np.uint64, copy=True, ndmin=1)
-    shift = np.uint64(64 - m.bit_length())
-    v = h >> shift
-    out = v >= np.uint64(m)
+    limit = np.uint64((1 << 64) // m * m)
+    out = h >= limit
     while out.any():
         h[out] = mix64(h[out] ^ _REHASH)
-        v[out] = h[out] >> shift
-        out = v >= np.uint64(m)
-    return v.astype(np.int64).reshape(shape)
+        out = h >= limit
+    return (h % np.uint64(m)).astype(np.int64).reshape(shape)
 
 
 # ---- a keyed pseudo-random permutation of Z_p ----------------------------------------------------

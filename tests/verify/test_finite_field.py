@@ -396,15 +396,16 @@ def test_a_test_count_below_one_is_refused():
         finite_field_test(ir.KernelGraph([x]), ir.KernelGraph([x]), tests=0)
 
 
-@pytest.mark.parametrize("k", [64, 65, 2048, 2049])
+@pytest.mark.parametrize("k", [64, 65, 1024, 1025, 2049])
 def test_matmul_is_exact_where_limb_products_are_largest(k):
-    # residues whose limbs are all ones maximise every partial sum of every chunk: the narrow
-    # operand's 16- and 21-bit limbs, the wide operand's two 26-bit ones
+    # residues whose limbs are all ones maximise every partial sum of every chunk: rows of the
+    # narrow operand with 17- or 21-bit limbs all ones below the top, the wide operand's two
+    # 26-bit limbs
     p, _ = random_safe_prime(np.random.default_rng(9))
-    narrow = (1 << 48) - 1 if k > 64 else (1 << 42) - 1
+    ones = [((p - 1) >> b << b) | ((1 << b) - 1) for b in (34, 42)]
     wide = (((p - 1) >> 26) << 26) - 1
-    a = np.full((2, k), narrow, np.int64)         # fewer elements: the narrow operand
-    b = np.full((k, 3), wide, np.int64)
+    a = np.array([[v] * k for v in ones + [p - 1]], np.int64)   # fewer elements: narrow
+    b = np.full((k, 4), wide, np.int64)
     rng = np.random.default_rng(k)
     b[rng.integers(0, k, 5), 0] = rng.integers(0, p, 5)
     exact = (a.astype(object) @ b.astype(object)) % p
