@@ -316,31 +316,40 @@ def _chunk_product(limbs, cols, rows: int, count: int, bits: int, m: int) -> np.
     n = cols.shape[-1]
     wide = np.concatenate([cols & ((1 << WIDE_BITS) - 1), cols >> WIDE_BITS], axis=-1)
     c = np.matmul(limbs, wide.astype(np.float64))
-    per_wide = [shifted_sum_mod([c[..., i * rows:(i + 1) * rows, j * n:(j + 1) * n]
-                                 for i in range(count)], [bits * i for i in range(count)], m)
-                for j in range(2)]
-    return shifted_sum_mod(per_wide, [0, WIDE_BITS], m)
+    parts = [c[..., i * rows:(i + 1) * rows, j * n:(j + 1) * n]
+             for j in range(2) for i in range(count)]
+    shifts = [bits * i + WIDE_BITS * j for j in range(2) for i in range(count)]
+    return shifted_sum_mod(parts, shifts, m)
 
 
 def shifted_sum_mod(parts, shifts, m: int) -> np.ndarray:
     """Σ parts[k]·2^shifts[k] mod m, for integer parts 0 <= parts[k] < 2^53 (float64 or int64)
-    whose true sum T is below 2^40·m, with at most seven parts.
+    whose true sum T is below 2^61·m, with at most eight parts.
 
-    As in `mulmod`: T mod 2^64 is exact in wrapping uint64 arithmetic; the float64 sum (each
-    term exact, as a power-of-two multiple) is within (parts − 1)·2^-53·T of T, so T/m comes out
-    within 8·2^-53·2^40 < 1 and truncates to within one of floor(T/m). In `exact_matmul` a chunk's
-    recombined limb products are Σ a_k·w_k < 2^11·m·2^26 (a_k a residue, w_k a 26-bit limb).
+    T mod 2^64 is exact in wrapping uint64 arithmetic (a term shifted by 64 or more is 0 there).
+    The float64 sum, each term exact (a power-of-two multiple), is within 7·2^-53·T of T, so its
+    quotient by m is within 2^61·8·2^-53 = 2^11 of T/m: T − k·m, exact in int64 modulo 2^64, is
+    below 2^11·m < 2^62 in magnitude, and a second quotient from its float64 value is within one
+    of the truth, as in `mulmod`. In `exact_matmul` T is a chunk's Σ a_k·b_k < 2^10·m·m.
     """
-    approx = np.array(parts[0], np.float64)
-    exact = np.asarray(parts[0]).astype(np.int64).view(np.uint64)
-    for part, shift in zip(parts[1:], shifts[1:]):
-        approx += np.asarray(part, np.float64) * float(1 << shift)
-        exact += np.asarray(part).astype(np.int64).view(np.uint64) << np.uint64(shift)
+    approx = exact = None
+    for part, shift in zip(parts, shifts):
+        term = np.array(part, np.float64)
+        if shift:
+            term *= float(1 << shift)
+        approx = term if approx is None else np.add(approx, term, out=approx)
+        if shift < 64:
+            word = np.asarray(part).astype(np.int64).view(np.uint64)
+            if shift:
+                word <<= np.uint64(shift)
+            exact = word if exact is None else np.add(exact, word, out=exact)
     approx *= 1.0 / m
-    k = approx.astype(np.uint64)
-    k *= np.uint64(m)
-    exact -= k
-    return _into_range(exact.view(np.int64), m)
+    with np.errstate(over="ignore"):
+        r = exact.view(np.int64) - approx.astype(np.int64) * m
+        rough = r.astype(np.float64)
+        rough *= 1.0 / m
+        r -= np.floor(rough).astype(np.int64) * m
+    return _into_range(r, m)
 
 
 @functools.lru_cache(maxsize=1)
