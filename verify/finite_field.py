@@ -5,8 +5,9 @@ Design
 ------
 A test draws a safe prime p = 2q + 1 (q a random prime in [2^49, 2^50): about 6e11 of them,
 so 2^50 < p < 2^51), a generator g of the order-q subgroup G of Z_p*, a 128-bit key, and every
-input element uniformly. A value is its residue in Z_p and, when either program has an exp, also an *exponent
-image* in Z_q ∪ {⊥} (`field_semantics.py` holds the op table; `field_bound.py` the bound):
+input element uniformly. A value is its residue in Z_p and, when either program has an exp, also
+an *exponent image* in Z_q ∪ {⊥} (`field_semantics.py` holds the op table; `field_bound.py` the
+bound):
 
 * +, −, ×, ÷, matmul, sums, integer powers, constants (a float is the dyadic rational it
   stores): exact in Z_p and in Z_q. ⊥ absorbs; a zero Z_p divisor discards the draw (it is

@@ -14,8 +14,10 @@ from mugraph.ir import BOp, KNode, KOp, TOp
 from mugraph.ir.errors import VerificationError
 from mugraph.ir.ops import BINARY, TERNARY, UNARY
 from mugraph.verify import field_bound, finite_field as ff
-from mugraph.verify.field import (Q_MIN, Field, Permutation, exact_matmul, field_for_draw,
-                                  is_bottom, join, p_part, q_part, random_safe_prime)
+from mugraph.verify.field import (Q_MIN, SUM_CHUNK, Field, Permutation, exact_matmul,
+                                  field_for_draw, inverse_mod, is_bottom, join, mulmod, p_part,
+                                  powmod, q_part, random_safe_prime, shifted_sum_mod, sum_mod,
+                                  uniform_below)
 from mugraph.verify.field_semantics import (FF_ELEMENTWISE, UNINTERPRETED, FiniteFieldSemantics,
                                             ZeroDivisorDrawn)
 from mugraph.verify.finite_field import finite_field_test
@@ -101,6 +103,55 @@ def test_matmul_matches_big_int_arithmetic_whichever_operand_is_split(shapes):
     a, b = rng.integers(p - 2 ** 20, p, shapes[0]), rng.integers(0, p, shapes[1])
     exact = (a.astype(object) @ b.astype(object)) % p
     assert (exact_matmul(a, b, p) == exact.astype(np.int64)).all()
+
+
+def _edge_residues(m: int, rng) -> np.ndarray:
+    """The residues where float64 quotient estimates are tightest, and random ones."""
+    edges = [0, 1, 2, m - 1, m - 2, m // 2, m // 2 + 1, (1 << 50) - 1, (1 << 26) - 1, 1 << 26]
+    return np.array([e % m for e in edges] + list(rng.integers(0, m, 200)), np.int64)
+
+
+def test_modular_products_powers_and_inverses_match_big_ints():
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        p, q = random_safe_prime(rng)
+        for m in (p, q):
+            a = _edge_residues(m, rng)
+            b = a[rng.permutation(len(a))]
+            assert mulmod(a, b, m).tolist() == [int(x) * int(y) % m for x, y in zip(a, b)]
+            assert powmod(a[:20], m - 3, m).tolist() == [pow(int(x), m - 3, m) for x in a[:20]]
+            for n in (5, 63, 64, 65, len(a)):               # Fermat, and the batch tree
+                inv = inverse_mod(a[:n], m)
+                assert inv.tolist() == [pow(int(x), -1, m) if x else 0 for x in a[:n]]
+
+
+def test_shifted_sums_of_limb_products_are_exact():
+    # one matmul chunk of K = 1024: 17-bit limbs of a times 26-bit limbs of w, summed over K
+    rng = np.random.default_rng(12)
+    p, _ = random_safe_prime(rng)
+    for a, w in ((np.full(1024, p - 1), np.full(1024, p - 1)),
+                 (rng.integers(0, p, 1024), rng.integers(p - 2 ** 30, p, 1024))):
+        limbs = [(a >> (17 * i)) & (2 ** 17 - 1) for i in range(3)]
+        wide = [w & (2 ** 26 - 1), w >> 26]
+        parts = [np.array([float(np.dot(li.astype(np.float64), wj.astype(np.float64)))])
+                 for wj in wide for li in limbs]
+        shifts = [17 * i + 26 * j for j in range(2) for i in range(3)]
+        expected = sum(int(x) * int(y) for x, y in zip(a, w)) % p
+        assert shifted_sum_mod(parts, shifts, p).tolist() == [expected]
+
+
+def test_long_sums_reduce_between_chunks():
+    p, _ = random_safe_prime(np.random.default_rng(13))
+    x = np.full((2, 3 * SUM_CHUNK + 7), p - 1, np.int64)
+    assert (sum_mod(x, 1, p) == x.shape[1] * (p - 1) % p).all()
+
+
+def test_hashes_map_exactly_uniformly_onto_the_field():
+    p, _ = random_safe_prime(np.random.default_rng(14))
+    top = np.array([2 ** 64 - 1, 2 ** 64 - 2, 0, p, 2 ** 63], np.uint64)   # the first two rehash
+    v = uniform_below(top, p)
+    assert ((0 <= v) & (v < p)).all() and v[2] == 0 and v[3] == 0
+    assert uniform_below(np.uint64(5), p).shape == ()
 
 
 def test_sums_and_products_are_exact_at_the_largest_residues():
