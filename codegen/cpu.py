@@ -44,7 +44,8 @@ from mugraph.ir.settings import settings
 SCHEDULES = {"rr": 0, "reverse": 1, "random": 2, "warpgreedy": 3}
 LANDINGS = {"wait": 0, "commit": 1, "random": 2}
 FAULT_KINDS = {1: "misaligned", 2: "deadlock", 3: "smem_out_of_bounds", 4: "divergent_collective",
-               5: "bad_launch", 6: "stack_overflow", 7: "bad_argument"}
+               5: "bad_launch", 6: "stack_overflow", 7: "bad_argument", 8: "race", 9: "global_out_of_bounds"}
+CHECK_DEFINE = "MG_SHIM_CHECK"  # build_cpu(..., defines=[CHECK_DEFINE]): the race and bounds checking build
 MAX_THREADS_PER_BLOCK = 1024
 MAX_SMEM_BYTES = 227 * 1024  # the largest any supported arch allows; the shim enforces the same
 DEFAULT_STACK_BYTES = 256 * 1024
@@ -65,6 +66,10 @@ _FAULT_HINTS = {
     "stack_overflow": "a fiber ran out of stack: pass a larger stack_bytes to run()",
     "bad_launch": "check grid, block (warp collectives need whole warps) and smem_bytes against the kernel",
     "bad_argument": "an intrinsic got an operand outside its range (e.g. cp.async zfill src_bytes > 16)",
+    "race": "two threads touched the same shared bytes between two barriers: a __syncthreads (or a cp.async "
+            "wait_group before it) is missing between the write and the other access",
+    "global_out_of_bounds": "a global load or store falls outside every array passed to the launch: check the "
+                            "tile origins and strides against the tensors' shapes",
 }
 
 
@@ -84,7 +89,9 @@ class _LaunchConfig(ctypes.Structure):  # mirrors mgshim::LaunchConfig in cuda_c
     _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem_bytes", ctypes.c_uint64),
                 ("seed", ctypes.c_uint64), ("stack_bytes", ctypes.c_uint64), ("schedule", ctypes.c_int32),
                 ("landing", ctypes.c_int32), ("workers", ctypes.c_int32), ("fault", ctypes.c_int32),
-                ("message", ctypes.c_char * 2048)]
+                ("message", ctypes.c_char * 2048), ("blocks", ctypes.POINTER(ctypes.c_uint64)),
+                ("nblocks", ctypes.c_uint64), ("ranges", ctypes.POINTER(ctypes.c_uint64)),
+                ("nranges", ctypes.c_uint64)]
 
 
 _SCALARS = {"b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
@@ -107,8 +114,13 @@ class CpuModule:
 
     def run(self, entry: str | None, args: Sequence[Any], grid, block, smem_bytes: int = 0, *,
             schedule: str | None = None, seed: int | None = None, workers: int | None = None,
-            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES) -> None:
+            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES, blocks: Sequence[int] | None = None
+            ) -> None:
         """Launch ``entry`` on the CPU; raises KernelFault when the shim detects a fault.
+
+        ``blocks``: run only these blocks (linear ids, x fastest) of the grid, e.g. a sample of a large grid.
+        In a check build (``defines=[CHECK_DEFINE]``) every global access must fall inside one of the numpy
+        arrays passed (an address passed as an int is not a buffer the check knows).
 
         ``args``: numpy arrays (C-contiguous; passed by address), raw addresses or None for pointer parameters,
         Python numbers for the rest. ``schedule``: rr | reverse | random | warpgreedy, with ``seed`` for the
@@ -121,6 +133,13 @@ class CpuModule:
         keep_alive = _pack_args(name, self.signature(name), args)
         pointers = (ctypes.c_void_p * max(1, len(keep_alive)))(*[ctypes.addressof(a) for a in keep_alive])
         cfg = _launch_config(grid, block, smem_bytes, schedule, seed, workers, cp_async, stack_bytes)
+        ids = None
+        if blocks is not None:
+            ids = (ctypes.c_uint64 * max(1, len(blocks)))(*[int(b) for b in blocks])
+            cfg.blocks, cfg.nblocks = ctypes.cast(ids, ctypes.POINTER(ctypes.c_uint64)), len(blocks)
+        spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in args if isinstance(a, np.ndarray)]
+        ranges = (ctypes.c_uint64 * max(1, 2 * len(spans)))(*[x for span in spans for x in span])
+        cfg.ranges, cfg.nranges = ctypes.cast(ranges, ctypes.POINTER(ctypes.c_uint64)), len(spans)
         if getattr(self._lib, f"mg_cpu_launch_{name}")(pointers, ctypes.byref(cfg)) != 0:
             kind = FAULT_KINDS.get(cfg.fault, f"fault {cfg.fault}")
             raise KernelFault(kind, cfg.message.decode(errors="replace"), entry=name)

@@ -279,6 +279,15 @@ def region_graph(root: BNode, root_of: dict) -> tuple[TNode, tuple[BNode, ...]]:
     return build(root), tuple(operands)
 
 
+def map_constants(root: TNode, fn) -> TNode:
+    """The same thread graph with every constant v replaced by fn(v)."""
+    made: dict = {}
+    for t in tnodes(root):
+        made[t] = const(fn(t.arg)) if t.op is Leaf.CONST else t if t.op is Leaf.PARAM else \
+            TNode(t.op, tuple(made[s] for s in t.srcs), t.arg)
+    return made[root]
+
+
 def _substitute(root: TNode, args: list[TNode]) -> TNode:
     made: dict = {}
     for t in tnodes(root):

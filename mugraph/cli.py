@@ -80,10 +80,10 @@ def _load_graph(path: str):
 
 
 def cmd_regen(args) -> int:
-    from mugraph.codegen.regen import regenerate
+    from mugraph.regen import regenerate
     names = args.workloads.split(",") if args.workloads else None
     log = print if args.verbose else None
-    files = regenerate(args.root, names, check=args.check, log=log)
+    files = regenerate(args.root, names, check=args.check, search=getattr(args, "search", False), log=log)
     if args.check:
         for f in files:
             print(f"stale: {f}")
@@ -294,6 +294,8 @@ def main(argv=None) -> int:
     p.add_argument("--root", default=None, help="output folder (default: kernels_generated/)")
     p.add_argument("--workloads", default=None, help="comma-separated subset")
     p.add_argument("--check", action="store_true", help="only report files that differ")
+    p.add_argument("--search", action="store_true",
+                   help="rerun the searches (fixed seed and state budget) for the searched/ winners")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(run=cmd_regen)
     p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--workloads a,b]`")

@@ -325,11 +325,11 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    from mugraph.ir.ops import KERNEL_LAYOUT
+    from mugraph.ir.ops import KERNEL_LAYOUT, KOp
     read_by_library = {s for n in graph.nodes if n.op.value != "custom" for s in n.srcs}
     library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")
                and not (n.op in KERNEL_LAYOUT and n not in read_by_library
-                        and n not in graph.outputs)]   # a view custom kernels read through
+                        and (n not in graph.outputs or n.op is KOp.RESHAPE))]   # views
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
     if library:
         parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")
