@@ -49,7 +49,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from mugraph import ir, verify
+    from mugraph import verify
     name, spec, w = _load_program(args.target)
     if args.candidate is not None:
         candidate = _load_graph(args.candidate)

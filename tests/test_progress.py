@@ -50,7 +50,7 @@ def test_superoptimize_from_python_logs_progress_and_takes_the_budget(monkeypatc
                                    config={"max_kernel_ops": 2}, budget_seconds=1.5, cache=False)
     err = capsys.readouterr().err
     assert "mugraph search:" in err and "of 2 s" in err
-    assert kernel.report.search_seconds < 1.5 + 1.0
+    assert kernel.report.search_seconds < 1.5 + 5.0  # the budget stops it (a busy machine overruns)
     assert '"budget_seconds": 1.5' in kernel.report.config
 
 
