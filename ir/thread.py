@@ -17,7 +17,9 @@ from enum import Enum
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.node import BNode, _Interned, toposort
-from mugraph.ir.ops import BINARY, BOp, TOp, UNARY
+from mugraph.ir.ops import BINARY, BOp, TERNARY, TOp, UNARY
+
+_ARITY = {op: 1 for op in UNARY} | {op: 2 for op in BINARY} | {op: 3 for op in TERNARY}
 
 
 class Leaf(Enum):
@@ -54,8 +56,8 @@ def _check(op, srcs, arg) -> None:
         ok = not srcs and isinstance(arg, int) and not isinstance(arg, bool) and arg >= 0
     elif op is Leaf.CONST:
         ok = not srcs and isinstance(arg, float)
-    elif op in UNARY or op in BINARY:
-        ok = len(srcs) == (1 if op in UNARY else 2) and all(type(s) is TNode for s in srcs)
+    elif isinstance(op, TOp):
+        ok = len(srcs) == _ARITY[op] and all(type(s) is TNode for s in srcs)
     else:
         ok = False
     if not ok:
