@@ -27,6 +27,7 @@ class ArchSpec:
     max_threads: int         # threads per block
     sm_count: int = 1        # multiprocessors of the sizing GPU
     smem_per_sm: int = 0     # shared memory of one multiprocessor (bytes)
+    threads_per_sm: int = 2048  # resident threads of one multiprocessor
     inflight_per_sm: int = 0  # bytes an SM keeps in flight to stream HBM at full rate (bandwidth x latency)
     hbm_rate: float = 0.0    # bytes/s streaming kernels reach (peak x efficiency)
     sm_fill_rate: float = 0.0  # bytes/s one SM pulls from L2
@@ -40,7 +41,8 @@ def _spec(name: str, limit: int, threads: int) -> ArchSpec:
     c = calibration.constants(calibration.SIZING_TARGET[name])
     inflight = c["hbm_bandwidth"] * c["hbm_efficiency"] * c["loaded_latency_s"] / c["sm_count"]
     return ArchSpec(name, smem_limit=limit, max_threads=threads, sm_count=int(c["sm_count"]),
-                    smem_per_sm=int(c["smem_per_sm"]), inflight_per_sm=int(inflight),
+                    smem_per_sm=int(c["smem_per_sm"]), threads_per_sm=int(c["max_threads_per_sm"]),
+                    inflight_per_sm=int(inflight),
                     hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"])
 
 

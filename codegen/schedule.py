@@ -28,6 +28,7 @@ from mugraph.ir.block import BlockGraph
 
 BASE_REGS = 32      # indices, addresses, loop counters: a lead, ptxas's figures are in kernels_generated/
 MAX_REGS = 255
+SMEM_RESERVED = 1024  # shared memory the runtime keeps per CTA (cudaDevAttrReservedSharedMemoryPerBlock)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,14 @@ class KernelSchedule:
     def bytes_in_flight(self) -> int:
         """Bytes one CTA has requested and not yet consumed while its loop streams."""
         return max(1, min(self.stages, self.trips) - 1) * self.stage_bytes if self.stage_bytes else 0
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs one SM holds at once under this plan (shared memory, threads, and no more than the grid spreads
+        onto each SM): the occupancy ptxas must leave registers for (``__launch_bounds__``'s second argument)."""
+        a = get_arch(self.arch)
+        by_smem = a.smem_per_sm // (self.smem_bytes + SMEM_RESERVED) if self.smem_bytes else a.threads_per_sm
+        return max(1, min(by_smem, a.threads_per_sm // self.threads, ceil_div(self.ctas, a.sm_count)))
 
     @property
     def scratch_floats(self) -> int:
@@ -157,20 +166,22 @@ def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int,
     return _deepest(ctas, trips, arch, stage_bytes, smem_one, 1 + ceil_div(int(need), stage_bytes))
 
 
-_ARRAY = re.compile(r"\b(?:float )?\w+((?:\[\d+\])+)")  # a register array in a declaration
+_ARRAY = re.compile(r"\b(?:float |unsigned )?\w+((?:\[\d+\])+)")  # a register array in a declaration
 
 
-def _floats(lines) -> int:
-    """Floats the ``float`` array declarations among ``lines`` hold."""
+def _floats(lines, kind: str = "float ") -> int:
+    """Words the ``kind`` array declarations among ``lines`` hold."""
     total = 0
     for line in lines:
-        if line.startswith("float "):
+        if line.startswith(kind):
             code = line.split("//")[0].split("=")[0] if "= {" in line else line.split("//")[0]
             total += sum(math.prod(int(d) for d in re.findall(r"\d+", m.group(1))) for m in _ARRAY.finditer(code))
     return total
 
 
 def _registers(ir) -> int:
-    """Floats each thread keeps in registers: accumulator state and the largest step's own arrays."""
+    """Words each thread keeps in registers: accumulator state, operand fragments held across the loop (kernel
+    scope) and the largest step's own arrays."""
     work = max((_floats(s.decls) for s in ir.steps), default=0)
-    return min(MAX_REGS, BASE_REGS + _floats(ir.acc_decls) + work)
+    held = _floats(ir.kernel_decls, "unsigned ")
+    return min(MAX_REGS, BASE_REGS + _floats(ir.acc_decls) + held + work)

@@ -11,7 +11,7 @@ inline float mg_ninf() { return -HUGE_VALF; }
 //   sm1 [0, 32768) input 1 tile [1, 64, 64] x 4 stages
 //   sm2 [32768, 65536) input 2 tile [1, 64, 64] x 4 stages
 //   sm0 [65536, 73728) input 0 tile [1, 64, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(float) p3, MG_PARAM(float) p4, MG_PARAM(float) p5) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(float) p3, MG_PARAM(float) p4, MG_PARAM(float) p5) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
@@ -22,6 +22,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_P
   MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 64, 64] x 4 stages
   const long long sm2g = (long long)mg_bid_x() * 32768 + (long long)mg_bid_y() * 16384;  // block's tile origin
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 64;  // [1,64,64] on 1x4x1 warps
+  unsigned qa0[1][4][1][4];  // A fragments of input[1, 64, 64], kept in registers across the loop
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 64 + (long long)mg_bid_z() * 8192;  // output 0 tile origin
   const long long p4o = (long long)mg_bid_x() * 256 + (long long)mg_bid_y() * 1 + (long long)mg_bid_z() * 128;  // output 1 tile origin
   const long long p5o = (long long)mg_bid_x() * 256 + (long long)mg_bid_y() * 1 + (long long)mg_bid_z() * 128;  // output 2 tile origin
@@ -75,6 +76,17 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_P
     mg_cp_async16(&(sm2 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)2 * 4096 + ((e_ / 8)) * 64 + e_ % 8 * 8));
   }
   mg_cp_async_commit();
+  mg_cp_async_wait_group<3>();
+  mg_syncthreads();
+  // A fragments of input[1, 64, 64] into registers, once
+  for (int bi = 0; bi < 1; ++bi) {
+    const mg_half* const a_ = sm0;
+    #pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      for (int mi = 0; mi < 1; ++mi)
+        mg_ldmatrix_x4(qa0[bi][ks][mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+    }
+  }
   float acc0[1][1][2];  // acc_max_last[1, 64, 1]
   for (int i0 = 0; i0 < 1; ++i0)
     for (int i1 = 0; i1 < 1; ++i1)
@@ -110,13 +122,13 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_P
     float v0[1][1][8][4] = {};
     // matmul[1, 64, 64] on tensor cores
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const a_ = sm0;
       const mg_half* const bb_ = sm1c;
       #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         unsigned a[1][4], b[8][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+        #pragma unroll
+          for (int r_ = 0; r_ < 4; ++r_) a[mi][r_] = qa0[bi][ks][mi][r_];
         #pragma unroll
         for (int nj = 0; nj < 4; ++nj) {
           unsigned t[4];
@@ -281,7 +293,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_P
 //   sm2 [2176, 2208) input 2 tile [1, 4, 1] x 2 stages
 //   sm3 [2304, 2320) exp[1, 4, 1] (fp32)
 //   sm4 [2432, 2448) rescale factor (fp32)
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(MG_PARAM(const float) p0, MG_PARAM(const float) p1, MG_PARAM(const float) p2, MG_PARAM(mg_half) p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel1(MG_PARAM(const float) p0, MG_PARAM(const float) p1, MG_PARAM(const float) p2, MG_PARAM(mg_half) p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
   MG_SPTR(float) const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 2 stages
