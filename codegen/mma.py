@@ -29,7 +29,7 @@ def lower_matmul(lw: Lowering, node) -> None:
     # accumulation: about 2^-16 relative error and fp32's range, on tensor cores. The cross products read hi with
     # its inf/NaN halves zeroed ("hf"): an inf operand's residual is 0, and inf * 0 must not turn the hi*hi
     # product's inf into NaN.
-    parts = [("", "")] if dt.is_16bit else [("lo", "hf"), ("hf", "lo"), ("hi", "hi")]
+    parts = [("", "")] if dt.is_16bit else [("lo", "hf"), ("hf", "lo"), ("hi", "hi")]  # FP32_MMA_PRODUCTS
     dt = dt if dt.is_16bit else DType.BFLOAT16
     shape = tuple(node.shape)
     f = choose_frag(prod(shape[:-2]), shape[-2], shape[-1], lw.W)
@@ -56,6 +56,7 @@ def lower_matmul(lw: Lowering, node) -> None:
     lw.emit(Step("", lines, decls=decls, reads=reads, note=f"{describe(node)} on {how}"))
 
 
+FP32_MMA_PRODUCTS = 3  # an fp32 x fp32 block matmul on tensor cores: lo*hi + hi*lo + hi*hi in bf16
 HOIST_REGS = 32  # registers per thread a loop-invariant A operand's fragments may keep across the loop
 _SPLIT_BUFFER = {"hf": "hi"}  # the finite high half is the high half's buffer, masked in registers after ldmatrix
 

@@ -11,6 +11,9 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
+* compute-heavy loops: when the CTAs of that choice would spend longer on tensor-core work than on streaming
+  their bytes, more splits (never fewer) put more SMs to work, as long as the busiest SM's share of the products
+  plus the combine's tail (the hand-over and the last CTA's read of every partial) shrinks.
 * stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
   at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
   below two).
@@ -24,7 +27,10 @@ from functools import lru_cache
 
 from mugraph.codegen.arch import ArchSpec, get_arch
 from mugraph.codegen.layouts import ceil_div
-from mugraph.ir.block import BlockGraph
+from mugraph.codegen.mma import FP32_MMA_PRODUCTS
+from mugraph.ir.block import BlockGraph, Phase
+from mugraph.ir.ops import BOp
+from mugraph.ir.shapes import mma_dtype
 
 BASE_REGS = 32      # indices, addresses, loop counters: a lead, ptxas's figures are in kernels_generated/
 MAX_REGS = 255
@@ -101,7 +107,8 @@ def _schedule(bg: BlockGraph, arch: ArchSpec) -> KernelSchedule:
     stage_bytes = sum(ir.buffers[b].nbytes for b in ir.staged_inputs)
     invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
     state = _state_bytes(bg, arch) if arch.split_loops else 0
-    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes)
+    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes,
+                           trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32)
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
     ir, plan = lowered(bg, arch, stages, splits)
     return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, ir.stages, stage_bytes, invariant,
@@ -118,13 +125,57 @@ def _state_bytes(bg: BlockGraph, arch: ArchSpec) -> int:
     return 4 * lowered(bg, arch, 1, divisors[0])[0].state_floats
 
 
+def trip_flops(bg: BlockGraph) -> int:
+    """Tensor-core FLOPs of one block's loop trip (its loop products, padded to the mma shape; an fp32 product is
+    three bf16 ones)."""
+    total = 0
+    for node, phase in bg.phases().items():
+        if node.op is BOp.MATMUL and phase is Phase.LOOP:
+            a, b = node.srcs
+            m, k, n = ceil_div(a.shape[-2], 16) * 16, ceil_div(a.shape[-1], 16) * 16, ceil_div(b.shape[-1], 8) * 8
+            products = 1 if mma_dtype(a.dtype, b.dtype).is_16bit else FP32_MMA_PRODUCTS
+            total += 2 * math.prod(node.shape[:-2]) * m * n * k * products
+    return total
+
+
+def _loop_hbm_bytes(bg: BlockGraph) -> int:
+    """Bytes the loop-walked tiles bring from HBM: each tensor once when its blocks re-read it (from L2), else
+    the tiles themselves."""
+    total = 0
+    for node in bg.inputs:
+        spec = node.arg
+        if spec.fmap is not None:
+            traffic = math.prod(spec.tile_shape) * spec.dtype.itemsize * bg.forloop * bg.num_blocks
+            total += min(traffic, math.prod(spec.shape) * spec.dtype.itemsize)
+    return total
+
+
 def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
-                  smem_one: int) -> int:
-    """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage."""
+                  smem_one: int, flops: int = 0, hbm_bytes: int = 0, warps: int = 4) -> int:
+    """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage;
+    ``flops``: the tensor-core FLOPs of one block's loop trip; ``hbm_bytes``: what the loop brings from HBM;
+    ``warps``: per CTA."""
     if not arch.split_loops or forloop < 2 or not state_bytes or not stage_bytes:
         return 1
     fits = [d for d in range(1, forloop + 1) if forloop % d == 0 and
             smem_one + (min(2, forloop // d) - 1) * stage_bytes <= arch.smem_limit]  # two stages, or one trip
+    streaming = _streaming_splits(blocks, forloop, arch, state_bytes, stage_bytes, smem_one, fits)
+    if not flops or not arch.mma_rate:
+        return streaming
+
+    def busy(d):  # the busiest SM's loop (its products, its bytes), HBM as a whole, then the combine's tail
+        per_sm, trips = ceil_div(blocks * d, arch.sm_count), forloop // d
+        rate = min(arch.hbm_rate, _in_flight(blocks * d, trips, arch, stage_bytes, smem_one) / arch.latency_s)
+        mma = arch.mma_rate * min(1.0, per_sm * warps / arch.subpartitions)  # a warp keeps one tensor core busy
+        loop = max(per_sm * flops * trips / mma, per_sm * trips * stage_bytes / arch.sm_fill_rate,
+                   hbm_bytes / rate)
+        return loop + (d > 1) * (arch.handoff_s + d * state_bytes / arch.sm_fill_rate)
+    return min([d for d in fits if d >= streaming] or [streaming], key=lambda d: (busy(d), d))
+
+
+def _streaming_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
+                      smem_one: int, fits: list) -> int:
+    """The split that streams HBM at full rate (the module docstring's first rule)."""
     cheap = [d for d in fits if d == 1 or d * state_bytes <= (forloop // d) * stage_bytes] or fits[-1:]
     if not cheap:
         return 1
