@@ -78,6 +78,8 @@ def cmd_search(args) -> int:
                           seed=args.seed, max_kernel_ops=args.max_kernel_ops)
     if args.small and w is not None:
         spec = w.small().spec()
+    if args.out:
+        _prepare_out(args.out)          # a bad --out fails now, not after the search
     print(f"== {name}: the spec ==")
     print(spec)
     executor = make_executor(config.workers, args.executor, args.scheduler)
@@ -96,18 +98,29 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _write_result(result, folder: str, config) -> None:
-    """The winner as graph JSON, its CUDA for the target's arch, and the report."""
+def _prepare_out(folder: str):
+    """The --out folder, created and known to be writable, or a typed error."""
+    import os
     from pathlib import Path
-    from mugraph import ir
-    from mugraph.codegen import generate_cuda
-    from mugraph.search.targets import get_target
     out = Path(folder)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MugraphError(f"cannot create the output folder {folder!r}: {e.strerror}",
                            hint="give --out a folder you can write to") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise MugraphError(f"the output folder {folder!r} is not writable",
+                           hint="give --out a folder you can write to")
+    return out
+
+
+def _write_result(result, folder: str, config) -> None:
+    """The winner as graph JSON, its CUDA for the target's arch, and the report."""
+    from pathlib import Path
+    from mugraph import ir
+    from mugraph.codegen import generate_cuda
+    from mugraph.search.targets import get_target
+    out = _prepare_out(folder)
     ir.save(result.best, out / "graph.json")
     files = ["graph.json"]
     if result.best.custom_ops():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 
 from mugraph.ir.errors import SearchError
@@ -15,8 +16,9 @@ class SearchConfig:
     """What the search may build and how long it may look.
 
     Op sets are names (as in the JSON schema); empty means "every op the spec uses" (plus the
-    accumulators its reductions need). Limits bound the μGraphs enumerated; the budget stops
-    the search with a stop reason: exhausted, time or states.
+    accumulators its reductions need). Limits bound the μGraphs enumerated; the budget bounds
+    the whole call (`budget_seconds`, the final check included) and the enumeration
+    (`budget_states`); the report's stop reason is exhausted, time, states or candidate cap.
     """
 
     kernel_ops: tuple[str, ...] = ()
@@ -26,7 +28,7 @@ class SearchConfig:
     max_block_ops: int = 9           # ops in one block graph, inputs and constants excluded
     max_block_inputs: int = 4
     max_block_outputs: int = 3
-    max_candidates: int = 64         # verified structures kept for sizing and ranking
+    max_candidates: int = 4096       # verified structures; reaching it stops the enumeration
     budget_seconds: float = 300.0
     budget_states: int = 2_000_000
     target: str = "h100"
@@ -37,10 +39,7 @@ class SearchConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                               or value < 0):
-                raise SearchError(f"SearchConfig.{f.name}={value!r} must be a non-negative number")
+            _check_number(f.name, f.type, getattr(self, f.name))
         if self.target not in TARGETS:
             raise SearchError(f"unknown target {self.target!r}", hint=f"one of {', '.join(TARGETS)}")
         for name in self.kernel_ops:
@@ -68,6 +67,24 @@ class SearchConfig:
 
     def replace(self, **changes) -> "SearchConfig":
         return SearchConfig(**(asdict(self) | changes))
+
+
+# the smallest value of each numeric field that still describes a search (default 1)
+_MINIMUM = {"max_custom_ops": 0, "seed": 0, "reduced_extent": 2}
+
+
+def _check_number(name: str, kind: str, value) -> None:
+    """A typed error naming the field, the value and the fix for a bad number."""
+    if kind not in ("int", "float"):
+        return
+    numeric = (int, float) if kind == "float" else (int,)
+    low = _MINIMUM.get(name, 1)
+    if isinstance(value, bool) or not isinstance(value, numeric) or \
+            (kind == "float" and not math.isfinite(value)) or value < low or \
+            (kind == "float" and value <= 0):
+        what = "a positive, finite number" if kind == "float" else f"an integer >= {low}"
+        raise SearchError(f"SearchConfig.{name}={value!r} must be {what}",
+                          hint=f"e.g. SearchConfig({name}={SearchConfig.__dataclass_fields__[name].default!r})")
 
 
 def _known(name: str, enums) -> bool:

@@ -10,9 +10,13 @@ from mugraph.ir.ops import BOp, KOp, TOp
 
 
 class StopReason(Enum):
+    """Why the enumeration ended. Only EXHAUSTED says the whole space at the config's limits
+    was visited; every other value names the budget or cap that cut it short."""
+
     EXHAUSTED = "exhausted"
     TIME = "time"
     STATES = "states"
+    CANDIDATES = "candidate cap"
 
 
 class Reject(Enum):

@@ -1,8 +1,11 @@
 """The search runner: a flat pipeline of named steps from a spec to a verified, ranked winner.
 
-    canonicalise -> reduce shapes -> enumerate structures (iterative deepening, executors)
-    -> verify each at reduced shapes -> size for the real shapes (cost model) -> rank
-    -> verify the winner at the real shapes
+    validate -> canonicalise -> reduce shapes -> enumerate structures (iterative deepening,
+    executors) -> verify, simplify and re-verify each at reduced shapes -> size for the real
+    shapes (cost model) -> rank -> check the winner at the real shapes (bounded: sampled output
+    blocks where the whole output costs too much)
+
+`config.budget_seconds` bounds the whole call; the report says why the enumeration stopped.
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, R
                                      StopReason, TaskCapReached)
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
-from mugraph.search.result import Candidate, SearchReport, SearchResult
+from mugraph.search.result import Candidate, SearchReport, SearchResult, SpecItself
 from mugraph.search.rules import canonicalize
+from mugraph.search.simplify import op_count, simplify
 
 
 @dataclass
@@ -91,12 +95,13 @@ def run_task(args):
 
 def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=None,
            executor=None) -> SearchResult:
-    """Find the best verified μGraph for `spec` (see the module docstring for the steps)."""
+    """Find the best verified μGraph for `spec` (see the module docstring for the steps).
+
+    `config.budget_seconds` bounds the whole call: the enumeration ends `finish_reserve` seconds
+    early so the ranking and the bounded check at the real shapes fit in what is left.
+    """
     from mugraph.search.executors import make_executor
-    config = config or SearchConfig()
-    if not isinstance(spec, KernelGraph):
-        raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
-                          hint="trace a JAX function with mugraph.ir.from_jax first")
+    config = validate(spec, config)
     started = time.monotonic()
     show = progress if progress is not None else _default_progress()
     canonical, fired = canonicalize(spec)
@@ -107,14 +112,35 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     own_executor = executor is None
     executor = executor or make_executor(config.workers)
     ranking = _Ranking(spec, constants, config)
+    deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds)
     try:
-        counters, stop = _enumerate(problem, executor, started, show, ranking)
+        counters, stop = _enumerate(problem, executor, started, deadline, show, ranking)
         searched = time.monotonic() - started
     finally:
         if own_executor:
             executor.close()
     return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started,
                    searched)
+
+
+def validate(spec, config) -> SearchConfig:
+    """Typed errors for bad arguments before any work is done."""
+    if not isinstance(spec, KernelGraph):
+        raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
+                          hint="trace a JAX function with mugraph.ir.from_jax first")
+    config = SearchConfig() if config is None else config
+    if not isinstance(config, SearchConfig):
+        raise SearchError(f"search takes a SearchConfig, got {type(config).__name__}",
+                          hint="build one with mugraph.search.SearchConfig(...)")
+    return config
+
+
+FINISH_SHARE = 0.1      # of the budget kept for ranking and the final check ...
+FINISH_MAX = 30.0       # ... but never more than this many seconds
+
+
+def finish_reserve(budget: float) -> float:
+    return min(FINISH_SHARE * budget, FINISH_MAX)
 
 
 class _Ranking:
@@ -128,6 +154,7 @@ class _Ranking:
         self.started = time.monotonic()
         self.first_found: dict = {}
         self.misfits = 0               # real-shape sizings that do not fit the target's memory
+        self.simplified = 0            # structures the simplifier made smaller (re-verified)
 
     def _fits(self, graph) -> bool:
         ok = self.fits(graph, self.config.target)
@@ -154,70 +181,92 @@ FIRST_CAP = 2048     # states per task in the first round; each round multiplies
 CAP_GROWTH = 4
 
 
-def _enumerate(problem, executor, started, show, ranking):
+def _enumerate(problem, executor, started, deadline, show, ranking):
     """Iterative deepening on kernel ops; within a depth, iterative broadening over root tasks:
     every task gets a share of states per round, unfinished tasks run again with a share
-    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget."""
+    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget.
+
+    The stop reason is EXHAUSTED only when every task of every depth ran to its end; the state
+    and time budgets and the candidate cap each stop it with their own reason."""
     config = problem.config
-    deadline = started + config.budget_seconds
-    counters, seen, stop = Counters(), set(), StopReason.EXHAUSTED
+    counters, seen = Counters(), set()
     enum = _enumerator(problem, deadline, config.budget_states)
     for depth in range(1, config.max_kernel_ops + 1):
-        pending, cap = enum.root_tasks(depth), FIRST_CAP
-        while pending and stop is StopReason.EXHAUSTED:
-            # the states left are shared out, so tasks running side by side cannot overrun
-            # them; a task that uses its share runs again next round, like one at its cap
-            share = (config.budget_states - counters.states) // len(pending)
-            if share < 1:
-                stop = StopReason.STATES
-                break
-            batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
-                     for t in pending]
-            unfinished = []
-            for task, (found, task_counters, task_stop, finished) in zip(
-                    pending, executor.map(run_task, batch)):
-                counters.merge(task_counters)
-                _verify_found(problem, found, seen, counters, ranking)
-                show(counters, ranking.best_seconds, time.monotonic() - started)
-                if task_stop is not None:
-                    stop = task_stop
-                    break
-                if not finished:
-                    unfinished.append(task)
-            pending, cap = unfinished, cap * CAP_GROWTH
-        if stop is not StopReason.EXHAUSTED or counters.verified >= config.max_candidates:
-            break
-    return counters, stop
+        stop = _deepen(problem, executor, enum.root_tasks(depth), depth, deadline, counters, seen,
+                       ranking, lambda: show(counters, ranking.best_seconds,
+                                             time.monotonic() - started))
+        if stop is not None:
+            return counters, stop
+    return counters, StopReason.EXHAUSTED
+
+
+def _deepen(problem, executor, pending, depth, deadline, counters, seen, ranking, show):
+    """Run every root task of one depth to its end (or a stop reason, returned)."""
+    config = problem.config
+    cap = FIRST_CAP
+    while pending:
+        # the states left are shared out, so tasks running side by side cannot overrun them;
+        # a task that uses its share runs again next round, like one at its cap
+        share = (config.budget_states - counters.states) // len(pending)
+        if share < 1:
+            return StopReason.STATES
+        batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
+                 for t in pending]
+        unfinished = []
+        for task, (found, task_counters, task_stop, finished) in zip(
+                pending, executor.map(run_task, batch)):
+            counters.merge(task_counters)
+            _verify_found(problem, found, seen, counters, ranking)
+            show()
+            if task_stop is not None:
+                return task_stop
+            if time.monotonic() > deadline:      # verifying and sizing take time too
+                return StopReason.TIME
+            if counters.verified >= config.max_candidates:
+                return StopReason.CANDIDATES
+            if not finished:
+                unfinished.append(task)
+        pending, cap = unfinished, cap * CAP_GROWTH
+    return None
 
 
 def _verify_found(problem, found, seen, counters, ranking) -> None:
-    """The finite-field test at the reduced shapes for every new structure; rank the verified."""
+    """The finite-field test at the reduced shapes for every new structure; the verified ones
+    are simplified (kept only if the simpler graph passes the test too) and ranked."""
     from mugraph.verify import quick_equivalent
     config = problem.config
+
+    def passes(graph) -> bool:
+        return quick_equivalent(problem.reduced, graph, tests=config.verify_tests,
+                                seed=config.seed)
+
     for graph in found:
         if graph in seen:
             continue
         seen.add(graph)
         counters.candidates += 1
-        if quick_equivalent(problem.reduced, graph, tests=config.verify_tests, seed=config.seed):
-            counters.verified += 1
-            ranking.add(graph, counters.states)
-        else:
+        if not passes(graph):
             counters.rejected += 1
+            continue
+        counters.verified += 1
+        simpler, fired = simplify(graph)
+        if fired and simpler not in seen and passes(simpler):
+            seen.add(simpler)
+            ranking.simplified += 1
+            graph = simpler
+        ranking.add(graph, counters.states)
 
 
 def _rank_key(c: Candidate):
     """Faster first; ties (common when memory-bound) go to less traffic, less arithmetic,
     fewer launches, fewer block ops; the digest makes the order total and reproducible."""
     est = c.estimate
-    ops = sum(len(bg.nodes) for bg, _ in c.graph.custom_ops())
-    return (round(c.seconds, 12), est.hbm_bytes, est.simt_flops, est.launches, ops,
+    return (round(c.seconds, 12), est.hbm_bytes, est.simt_flops, est.launches, op_count(c.graph),
             c.origin != "search", c.graph.digest())
 
 
 def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched):
     from mugraph.search.cost import estimate, roofline
-    from mugraph.verify import check, quick_equivalent
     target = config.target
     ranked = list(ranking.candidates)
     ranked.append(Candidate(spec, estimate(spec, target), "the unfused spec (library kernels)",
@@ -226,31 +275,68 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         ranked.append(Candidate(canonical, estimate(canonical, target),
                                 "the canonical spec (library kernels)", "spec"))
     ranked.sort(key=_rank_key)
-    verification, rejected = None, 0
-    while ranked:
-        # a cheap exact test first: a structure that fails at the real shapes is not worth the
-        # full check (several float and finite-field runs)
-        if quick_equivalent(spec, ranked[0].graph, seed=config.seed):
-            verification = check(spec, ranked[0].graph, seed=config.seed)
-            if verification.equivalent:
-                break
-        rejected += 1
-        ranked.pop(0)
-    if not ranked:
-        raise SearchError("no candidate passed verification at the real shapes")
-    best = ranked[0]
+    outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds)
+    best = outcome.ranked[0]
     counters.pruned[Reject.MEMORY.value] = ranking.misfits
+    found = ranking.first_found.get(best.graph, (None, None))
     report = SearchReport(
         stop_reason=stop.value, states=counters.states, block_graphs=counters.block_graphs,
         pruned=dict(counters.pruned), structures_found=counters.candidates,
-        verified=counters.verified, rejected=counters.rejected + rejected,
+        verified=counters.verified, rejected=counters.rejected + outcome.rejected,
         wall_seconds=time.monotonic() - started, search_seconds=searched, rules_fired=tuple(fired),
         reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
-        verification=verification, config=config.to_json(),
-        best_found_seconds=ranking.first_found.get(best.graph, (None, None))[0],
-        best_found_states=ranking.first_found.get(best.graph, (None, None))[1])
-    return SearchResult(best.graph, tuple(ranked), report, spec)
+        verification=outcome.verification, config=config.to_json(),
+        best_found_seconds=found[0], best_found_states=found[1],
+        final_check=_final_check_text(outcome),
+        unchecked=outcome.unchecked, simplified=ranking.simplified)
+    return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
+
+
+def _final_check_text(outcome) -> str:
+    if isinstance(outcome.verification, SpecItself):
+        return ""
+    return outcome.sampled or "the whole output"
+
+
+@dataclass
+class _Checked:
+    ranked: list
+    verification: object
+    sampled: str | None
+    rejected: int = 0
+    unchecked: int = 0
+
+
+def _check_ranked(spec, ranked, config, deadline) -> _Checked:
+    """Check candidates at the real shapes, best first, until one passes; the spec itself needs
+    no check and ends the walk. Once the deadline has passed, the rest are not checked (counted
+    as unchecked) and the spec wins: the budget bounds the whole call."""
+    from mugraph.search.final_check import plan
+    from mugraph.verify import check, quick_equivalent
+    kept, rejected, unchecked = [], 0, 0
+    verification, sampled = None, None
+    for cand in ranked:
+        if verification is not None:
+            kept.append(cand)
+        elif cand.graph is spec:
+            verification = SpecItself()
+            kept.append(cand)
+        elif time.monotonic() > deadline:
+            unchecked += 1
+        else:
+            pair = plan(spec, cand.graph)
+            # a cheap exact test first: a structure that fails at the real shapes is not worth
+            # the full check (several float and finite-field runs)
+            report = None
+            if quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
+                report = check(pair.spec, pair.candidate, seed=config.seed)
+            if report is not None and report.equivalent:
+                verification, sampled = report, pair.sampled
+                kept.append(cand)
+            else:
+                rejected += 1
+    return _Checked(kept, verification, sampled, rejected, unchecked)
 
 
 def describe(graph: KernelGraph) -> str:

@@ -1,0 +1,157 @@
+"""The winner's check at the real shapes, bounded in time and memory by sampling output blocks.
+
+Where one evaluation of the spec costs at most `WORK_CAP` multiply-adds, the whole output is
+checked. Otherwise the check runs on sampled output blocks: parallel indices (those that reach
+an output) are cut to a prefix, reduced indices stay whole, and the spec and the winner are
+rebuilt over the cut inputs. The winner keeps its block programs and trip counts; along a
+grid-split dim it keeps its tiles (the grid shrinks: a prefix of whole tiles is checked), and
+along a dim its tiles hold whole the tile shrinks with the cut. Either way every checked output
+element is computed by the same ops from the same reduced extents as in the real kernel. The
+bound is the one stated for the sampled program, and the report names what was sampled.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mugraph.ir import KernelGraph
+from mugraph.ir.ops import KOp, TOp
+from mugraph.search.instantiate import reinstantiate_spec, resize
+from mugraph.search.labels import analyze
+
+WORK_CAP = 1 << 24      # multiply-adds of one evaluation of the spec checked whole
+
+# Ops whose value at an index depends only on the values at that index along the parallel
+# dims: cutting those dims cuts the result the same way. Elementwise ops are all such.
+_POSITIONLESS = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.MATMUL, KOp.REDUCE_SUM, KOp.REDUCE_MAX,
+                           KOp.RMS_NORM, KOp.TRANSPOSE, KOp.BROADCAST, KOp.CUSTOM})
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """What the final check runs on: the spec and candidate as given, or a sampled pair."""
+
+    spec: KernelGraph
+    candidate: KernelGraph
+    sampled: str | None            # None: the whole output; else what was sampled
+
+
+def work(graph: KernelGraph) -> int:
+    """Multiply-adds (and element operations) of one evaluation of `graph`'s kernel ops."""
+    return sum(_node_work(n) for n in graph.nodes)
+
+
+def _node_work(node) -> int:
+    size = math.prod(node.shape)
+    if node.op is KOp.MATMUL:
+        return size * node.srcs[0].shape[-1]
+    if node.op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX, KOp.RMS_NORM):
+        return math.prod(node.srcs[0].shape)
+    if node.op is KOp.CUSTOM:
+        bg = node.arg[0]
+        return bg.num_blocks * bg.forloop * sum(math.prod(b.shape) for b in bg.nodes) \
+            // max(1, len(bg.outputs))
+    return size
+
+
+def plan(spec: KernelGraph, candidate: KernelGraph, cap: int = WORK_CAP) -> CheckPlan:
+    """The whole pair when it is cheap or cannot be sampled, else the largest sample (halving
+    the longest parallel index first) whose spec costs at most `cap`."""
+    if work(spec) <= cap or not _sampleable(spec):
+        return CheckPlan(spec, candidate, None)
+    analysis = analyze(spec)
+    extents = {lab: lab.extent for lab in analysis.labels}
+    pair = None
+    while True:
+        step = _halve_one(spec, candidate, analysis, extents)
+        if step is None:
+            break
+        extents, pair = step
+        if work(pair[0]) <= cap:
+            break
+    if pair is None:
+        return CheckPlan(spec, candidate, None)
+    return CheckPlan(pair[0], pair[1], _describe(spec, pair[0]))
+
+
+def _sampleable(spec: KernelGraph) -> bool:
+    return all(n.op in _POSITIONLESS or isinstance(n.op, TOp) for n in spec.nodes)
+
+
+def _halve_one(spec, candidate, analysis, extents):
+    """Halve the longest parallel index the winner's tiles allow: (extents, (spec, candidate))."""
+    for lab in sorted(analysis.parallel, key=lambda lab: (-extents[lab], lab.uid)):
+        if extents[lab] % 2:
+            continue
+        trial = dict(extents)
+        trial[lab] = extents[lab] // 2
+        pair = _cut(spec, candidate, analysis, trial)
+        if pair is not None:
+            return trial, pair
+    return None
+
+
+def _cut(spec, candidate, analysis, extents):
+    from mugraph.verify import interface_mismatch
+    small = reinstantiate_spec(spec, analysis, extents)
+    cut = resize(candidate, list(small.inputs), _same_tiles, {})
+    if cut is None or interface_mismatch(small, cut) is not None:
+        return None
+    return small, cut
+
+
+def _same_tiles(key, new_srcs):
+    """(grid, forloop) that keep a block graph's tiles over cut sources, or None."""
+    bg, old_srcs = key
+    grid = []
+    for axis in range(3):
+        ratios = {_ratio(old_srcs[n.arg.index].shape[d], new_srcs[n.arg.index].shape[d])
+                  for n in bg.inputs if (d := n.arg.imap[axis]) is not None}
+        extent = _scaled(bg.grid[axis], ratios)
+        if extent is None:
+            return None
+        grid.append(extent)
+    loops = set()
+    for n in bg.inputs:
+        f = n.arg.fmap
+        if f is None:
+            continue
+        old = old_srcs[n.arg.index].shape[f] // _split(bg.grid, n.arg.imap, f)
+        new = new_srcs[n.arg.index].shape[f] // _split(grid, n.arg.imap, f)
+        loops.add(_ratio(old, new))
+    forloop = _scaled(bg.forloop, loops)
+    return None if forloop is None else (tuple(grid), forloop)
+
+
+def _ratio(old: int, new: int):
+    from fractions import Fraction
+    return Fraction(new, old)
+
+
+def _scaled(value: int, ratios: set):
+    """`value` times the one ratio in `ratios` (unchanged when empty), if a whole number >= 1."""
+    if not ratios:
+        return value
+    if len(ratios) > 1:
+        return None
+    scaled = value * ratios.pop()
+    return int(scaled) if scaled.denominator == 1 and scaled >= 1 else None
+
+
+def _split(grid, imap, dim: int) -> int:
+    n = 1
+    for axis, d in enumerate(imap):
+        if d == dim:
+            n *= grid[axis]
+    return n
+
+
+def _describe(spec: KernelGraph, small: KernelGraph) -> str:
+    parts = [f"{name} {_shape(s.shape)} of {_shape(r.shape)}"
+             for name, s, r in zip(spec.output_names, small.outputs, spec.outputs)]
+    return ("sampled output blocks: " + ", ".join(parts) + " (leading blocks along each parallel "
+            "dim; reduced dims whole; the bound holds for the sampled blocks)")
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
