@@ -2,10 +2,13 @@
 
 For hand-built RMSNorm+matmul and attention (safe softmax, online-softmax kernel): a positive and
 a negative `is_subexpression` (cold, memoised, and a negative sent on to Z3), and
-`prove_equivalent`. Then every workload's spec against its reference, at full and small shapes,
-and how many of the reference's tensors and tiles pass the pruning question.
+`prove_equivalent`. Then every workload's spec against its reference, at full and small shapes
+(proof time, cold caches), and how many of the reference's tensors and tiles pass the pruning
+question. Then the formal check against mutants of every reference (small shapes): how many of
+the non-equivalent ones it proves (must be 0), how many of those float64 cannot separate
+(discarded by the generator as equivalent) it proves, and the proof time per mutant.
 
-    .venv/bin/python bench/abstract.py [--no-workloads]
+    .venv/bin/python bench/abstract.py [--no-workloads] [--no-mutants]
 """
 from __future__ import annotations
 
@@ -115,14 +118,58 @@ def bench_workloads() -> None:
                   f"   {len(outside)}/{len(tiles)} ({ops})")
 
 
+# ---- the formal check against mutants --------------------------------------------------------------------
+def _float_equivalent_mutants(graph, scale: float) -> list:
+    """The one-change variants the mutant generator discards because float64 cannot separate them.
+
+    Reads the generator's edit list (a private of `verify.mutate`); empty if it is not there.
+    """
+    from mugraph.ir.errors import InvalidGraph
+    from mugraph.verify import mutate
+    edits = getattr(mutate, "_kernel_edits", None)
+    if edits is None:
+        return []
+    reference = [mutate._outputs(graph, s, scale) for s in (0, 1)]
+    found = {}
+    for _, _, make in edits(graph):
+        try:
+            g = make()
+        except InvalidGraph:
+            continue
+        if g is not graph and mutate._interface(g) == mutate._interface(graph) and \
+                mutate._equivalent(reference, g, 0, scale):
+            found[g] = None
+    return list(found)
+
+
+def bench_mutants() -> None:
+    from mugraph import workloads
+    from mugraph.verify import generate_mutants
+    print(f"\n{'workload':16s} {'mutants':>8s} {'proved':>7s} {'per mutant':>11s}   "
+          f"float-equivalent variants proved")
+    for name in workloads.names():
+        w = workloads.get(name).small()
+        reference = w.reference()
+        found = generate_mutants(reference, seed=0, scale=w.input_scale).mutants
+        clear_caches()
+        proofs, seconds = _timed(lambda: [prove_equivalent(reference, m.graph) for m in found])
+        same = _float_equivalent_mutants(reference, w.input_scale)
+        same_proved = sum(prove_equivalent(reference, g).proved for g in same)
+        print(f"{name:16s} {len(found):8d} {sum(p.proved for p in proofs):7d} "
+              f"{_ms(seconds / max(1, len(found)))}   {same_proved}/{len(same)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-workloads", action="store_true")
+    parser.add_argument("--no-mutants", action="store_true")
     args = parser.parse_args()
     for case in (rmsnorm_case(), attention_case()):
         bench_case(*case)
     if not args.no_workloads:
         bench_workloads()
+    if not args.no_mutants:
+        bench_mutants()
 
 
 if __name__ == "__main__":

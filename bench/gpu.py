@@ -1,47 +1,138 @@
-"""GPU benchmark: each workload's generated kernel (of its fused μGraph) against jax.jit of its JAX function.
+"""GPU benchmark: each workload's generated kernels (the hand-written fused μGraph, and the search's winner where
+`mugraph regen` shipped one) against jax.jit of its JAX function, beside the cost model's estimate.
 
-    python bench/gpu.py [--workloads rmsnorm_linear,gqa] [--iters 200] [--repeats 5] [--json results.json]
+    python bench/gpu.py --model                     # no GPU needed: the model's table (launch plans, bytes in
+                                                    # flight per SM, estimate, roofline, fraction)
+    python bench/gpu.py [--workloads a,b] [--reps 100] [--json out.json]   # on a GPU: the same table, measured
+    python bench/gpu.py --calibrate [--json out.json]  # on a GPU: measure the calibration table's rates, write it
 
-Per workload: mugraph's bound launches timed with CUDA events over back-to-back launches, the same launches
-replayed from a CUDA graph, jax.jit timed by the host clock between synchronisations, the speedups, the
-roofline bound of the spec (mugraph.search.cost.roofline) as a fraction of the measured time, and the largest
-difference from JAX's output. Each figure is the median of --repeats runs of --iters launches after a warm-up.
-Input sets rotate so that together they overflow the L2 cache (--sets 1 turns that off). Without a GPU it says
-so and exits 0; without JAX on the GPU it times mugraph alone.
+Timing (GPU): every figure is the median of --reps (>= 50) single launches, each timed by CUDA events after the
+L2 cache was flushed (a 2x-L2 buffer written just before), after 10 warm-up launches. mugraph's launches are
+also replayed back to back from a CUDA graph (the model's `graph` figure). jax.jit runs on its own stream, so
+it is timed by the host clock around one synchronised call (its dispatch included; JAX has no event API),
+with the same flush. The fraction of roofline is the spec's roofline (cost.roofline, CUDA-graph launch) over
+the measured time. Without a GPU the timing modes say so and exit 0.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
+import datetime
 import json
-import math
 import os
 import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to CuPy as well
 
 import numpy as np  # noqa: E402
 
-from mugraph import workloads  # noqa: E402
-from mugraph.codegen.runtime_cupy import capture, device_name, gpu_available, load_kernel  # noqa: E402
+from mugraph import ir, workloads  # noqa: E402
+from mugraph.codegen.runtime_cupy import device_name, gpu_available, load_kernel  # noqa: E402
 
 WARMUP = 10
+MIN_REPS = 50
+MODEL_TARGETS = ("h100", "h200")
+SEARCHED = Path(__file__).resolve().parents[1] / "kernels_generated"
 
+
+# ---- the model's table (no GPU) ------------------------------------------------------------------------------------
+
+@dataclass
+class ModelRow:
+    workload: str
+    graph: str                 # "reference" or "searched"
+    target: str
+    plan: str                  # per custom kernel: grid (x splits), stages
+    inflight_kb_per_sm: float  # the busiest kernel's bytes in flight per SM
+    estimate_us: float         # CUDA-graph launches (device time)
+    roofline_us: float
+    eager_estimate_us: float
+    eager_roofline_us: float
+
+    @property
+    def fraction(self) -> float:
+        return self.roofline_us / self.estimate_us if self.estimate_us else 0.0
+
+    @property
+    def eager_fraction(self) -> float:
+        return self.eager_roofline_us / self.eager_estimate_us if self.eager_estimate_us else 0.0
+
+
+def graphs_of(w) -> dict:
+    """The graphs to time for workload ``w``: its reference, and the searched winner where one was shipped."""
+    out = {"reference": w.reference()}
+    path = SEARCHED / w.name / "searched" / "graph.json"
+    if path.is_file():
+        out["searched"] = ir.from_json(path.read_text())
+    return out
+
+
+def plan_text(est) -> str:
+    parts = []
+    for k in est.kernels:
+        if k.kind != "custom":
+            parts.append(k.kind)
+            continue
+        split = f"/{k.splits}s" if k.splits > 1 else ""
+        parts.append(f"{'x'.join(map(str, k.grid))}{split} st{k.stages}")
+    return "; ".join(parts)
+
+
+def model_rows(names, targets=MODEL_TARGETS) -> list[ModelRow]:
+    from mugraph.search.cost import estimate, roofline
+    rows = []
+    for name in names:
+        w = workloads.get(name)
+        spec = w.spec()
+        for label, graph in graphs_of(w).items():
+            for t in targets:
+                est, bound = estimate(graph, t, cuda_graph=True), roofline(spec, t, cuda_graph=True)
+                eager, eager_bound = estimate(graph, t), roofline(spec, t)
+                inflight = max((k.inflight_per_sm for k in est.kernels), default=0)
+                rows.append(ModelRow(name, label, t, plan_text(est), inflight / 1024, est.seconds * 1e6,
+                                     bound.seconds * 1e6, eager.seconds * 1e6, eager_bound.seconds * 1e6))
+    return rows
+
+
+MODEL_COLUMNS = [("workload", 15), ("graph", 9), ("target", 6), ("launch plan (grid/splits, stages)", 40),
+                 ("KB/SM", 6), ("model µs", 9), ("roof µs", 8), ("%roof", 6), ("eager %", 7)]
+
+
+def _line(cells) -> str:
+    return " ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, (_, w)) in enumerate(zip(cells, MODEL_COLUMNS)))
+
+
+def format_model(rows: list[ModelRow]) -> str:
+    lines = [_line([title for title, _ in MODEL_COLUMNS])]
+    for r in rows:
+        lines.append(_line([r.workload, r.graph, r.target, r.plan, f"{r.inflight_kb_per_sm:.0f}",
+                            f"{r.estimate_us:.2f}", f"{r.roofline_us:.2f}", f"{100 * r.fraction:.0f}%",
+                            f"{100 * r.eager_fraction:.0f}%"]))
+    return "\n".join(lines)
+
+
+MODEL_NOTE = ("model: device time with CUDA-graph launches (1 launch gap per kernel); roofline: the spec's bytes at "
+              "peak HBM bandwidth or its FLOPs at the tensor-core peak, plus one launch; KB/SM: bytes in flight per "
+              "SM while the busiest kernel streams; eager %: the same with eager launches (4 µs each). Constants: "
+              "codegen/calibration.json.")
+
+
+# ---- measured rows (GPU) -------------------------------------------------------------------------------------------
 
 @dataclass
 class Row:
     workload: str
-    mugraph_us: float | None = None
-    graph_us: float | None = None
-    jax_us: float | None = None
-    roofline_us: float | None = None
-    roofline_graph_us: float | None = None
+    graph: str = "reference"
+    mugraph_us: float | None = None      # median single launch, L2 flushed
+    graph_us: float | None = None        # CUDA-graph replay, back to back, per launch of the plan
+    jax_us: float | None = None          # median single synchronised call, L2 flushed (dispatch included)
+    roofline_us: float | None = None     # CUDA-graph launch
+    model_us: float | None = None
     max_error_vs_jax: float | None = None
-    input_sets: int = 1
     loader: str = ""
     error: str = ""
 
@@ -49,68 +140,68 @@ class Row:
         return self.jax_us / ours if self.jax_us and ours else None
 
 
-# ---- timing --------------------------------------------------------------------------------------------------------
+class Flusher:
+    """Writes a buffer twice the L2's size, so the next launch reads its inputs from device memory."""
 
-def time_events(step, iters: int, repeats: int) -> float:
-    """Median microseconds per call of ``step`` over ``repeats`` runs of ``iters`` calls, by CUDA events."""
+    def __init__(self, l2_bytes: int):
+        import cupy
+        self.buf = cupy.empty(max(1, 2 * l2_bytes // 4), cupy.float32)
+
+    def __call__(self) -> None:
+        self.buf.fill(0.0)
+
+
+def time_events(step, flush, reps: int) -> float:
+    """Median microseconds of ``step`` over ``reps`` single launches, each after ``flush``, by CUDA events."""
     import cupy
     for _ in range(WARMUP):
         step()
-    cupy.cuda.get_current_stream().synchronize()
     runs = []
-    for _ in range(repeats):
+    for _ in range(reps):
+        flush()
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        for _ in range(iters):
-            step()
+        step()
         end.record()
         end.synchronize()
-        runs.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / iters)
+        runs.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
     return statistics.median(runs)
 
 
-def time_host(step, sync, iters: int, repeats: int) -> float:
-    """Median microseconds per call by the host clock, synchronising before and after (JAX has its own streams)."""
+def time_host(step, sync, flush, reps: int) -> float:
+    """Median microseconds of one synchronised ``step`` by the host clock, each after ``flush`` (for JAX)."""
+    import cupy
     for _ in range(WARMUP):
         step()
     sync()
     runs = []
-    for _ in range(repeats):
+    for _ in range(reps):
+        flush()
+        cupy.cuda.Device().synchronize()
         start = time.perf_counter()
-        for _ in range(iters):
-            step()
+        step()
         sync()
-        runs.append((time.perf_counter() - start) * 1e6 / iters)
+        runs.append((time.perf_counter() - start) * 1e6)
     return statistics.median(runs)
 
 
-def cycling(items):
-    it = itertools.cycle(items)
-    return lambda: next(it)
-
-
-# ---- the contenders ------------------------------------------------------------------------------------------------
-
-def input_sets(w, want: int) -> list[list[np.ndarray]]:
-    return [w.random_inputs(seed) for seed in range(want)]
-
-
-def sets_needed(w, l2_bytes: int, limit: int) -> int:
-    """Enough input sets that one round of them is twice the L2, so launches read device memory, not cache."""
-    per_set = sum(int(np.prod(shape)) * w.dtype.itemsize for shape in w.shapes.values())
-    return max(1, min(limit, math.ceil(2 * l2_bytes / per_set)))
-
-
-def time_mugraph(w, sets, args, row: Row) -> list:
+def time_mugraph(graph, arrays, flush, reps: int, row: Row) -> list:
     import cupy
-    kernel = load_kernel(w.reference())
-    bound = [kernel.bind(*[cupy.asarray(a) for a in arrays]) for arrays in sets]
+    from mugraph.codegen.runtime_cupy import capture
+    kernel = load_kernel(graph)
+    bound = kernel.bind(*[cupy.asarray(a) for a in arrays])
     row.loader = kernel.loader() or ""
-    next_bound = cycling(bound)
-    row.mugraph_us = time_events(lambda: next_bound().launch(), args.iters, args.repeats)
-    graph = capture(bound, repeat=max(1, args.iters // len(bound)))
-    row.graph_us = time_events(graph.replay, 1, args.repeats) / graph.launches
-    return [cupy.asnumpy(o) for o in bound[0].launch()]
+    row.mugraph_us = time_events(bound.launch, flush, reps)
+    replay = capture([bound], repeat=20)
+    for _ in range(3):
+        replay.replay()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    replay.replay()
+    end.record()
+    end.synchronize()
+    row.graph_us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / replay.launches
+    return [cupy.asnumpy(o) for o in bound.launch()]
 
 
 def jax_on_gpu():
@@ -123,27 +214,16 @@ def jax_on_gpu():
     return jax if platform == "gpu" else f"JAX runs on {platform}, not the GPU"
 
 
-def time_jax(jax, w, sets, args, row: Row) -> list:
+def time_jax(jax, w, arrays, flush, reps: int, row: Row) -> list:
     fn = jax.jit(w.fn)
-    device_sets = [[jax.device_put(a) for a in arrays] for arrays in sets]
-    next_set, last = cycling(device_sets), [None]
+    args = [jax.device_put(a) for a in arrays]
+    last = [None]
 
     def step():
-        last[0] = fn(*next_set())
-
-    # JAX runs its launches in order, so the last output being ready means all of them are
-    row.jax_us = time_host(step, lambda: jax.block_until_ready(last[0]), args.iters, args.repeats)
-    out = fn(*device_sets[0])
+        last[0] = fn(*args)
+    row.jax_us = time_host(step, lambda: jax.block_until_ready(last[0]), flush, reps)
+    out = fn(*args)
     return [np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else [out])]
-
-
-def roofline_us(w, target: str, cuda_graph: bool) -> float | None:
-    try:
-        from mugraph.search.cost import roofline
-        return roofline(w.spec(), target, cuda_graph=cuda_graph).seconds * 1e6
-    except Exception as e:  # the cost model is optional here: the timings stand without it
-        print(f"  roofline unavailable for {w.name}: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
 
 
 def max_error(ours: list, theirs: list) -> float:
@@ -154,23 +234,30 @@ def max_error(ours: list, theirs: list) -> float:
     return worst
 
 
-def bench(name: str, args, jax, target: str, l2_bytes: int) -> Row:
-    w, row = workloads.get(name), Row(name)
-    try:
-        row.input_sets = sets_needed(w, l2_bytes, args.sets)
-        sets = input_sets(w, row.input_sets)
-        ours = time_mugraph(w, sets, args, row)
-        if not isinstance(jax, str):
-            row.max_error_vs_jax = max_error(ours, time_jax(jax, w, sets, args, row))
-        row.roofline_us = roofline_us(w, target, cuda_graph=False)
-        row.roofline_graph_us = roofline_us(w, target, cuda_graph=True)
-    except Exception as e:
-        row.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        traceback.print_exc()
-    return row
+def bench(name: str, args, jax, target: str, flush) -> list[Row]:
+    from mugraph.search.cost import estimate, roofline
+    w = workloads.get(name)
+    arrays = w.random_inputs(0)
+    theirs, rows = None, []
+    for label, graph in graphs_of(w).items():
+        row = Row(name, label)
+        try:
+            ours = time_mugraph(graph, arrays, flush, args.reps, row)
+            if not isinstance(jax, str):
+                if theirs is None:
+                    jrow = Row(name)
+                    theirs = time_jax(jax, w, arrays, flush, args.reps, jrow)
+                    jax_us = jrow.jax_us
+                row.jax_us = jax_us
+                row.max_error_vs_jax = max_error(ours, theirs)
+            row.roofline_us = roofline(w.spec(), target, cuda_graph=True).seconds * 1e6
+            row.model_us = estimate(graph, target, cuda_graph=True).seconds * 1e6
+        except Exception as e:
+            row.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            traceback.print_exc()
+        rows.append(row)
+    return rows
 
-
-# ---- the report ----------------------------------------------------------------------------------------------------
 
 def _num(value: float | None, fmt: str, width: int, suffix: str = "") -> str:
     return ("n/a" if value is None else format(value, fmt) + suffix).rjust(width)
@@ -180,19 +267,18 @@ def _fraction(bound: float | None, measured: float | None, width: int) -> str:
     return ("n/a" if not bound or not measured else f"{100 * bound / measured:.0f}%").rjust(width)
 
 
-COLUMNS = [("workload", 15), ("mugraph µs", 10), ("graph µs", 9), ("jax.jit µs", 10), ("speedup", 8),
-           ("(graph)", 8), ("roof µs", 8), ("%roof", 6), ("%roof(g)", 8), ("err vs jax", 10), ("sets", 4)]
-HEADER = " ".join(title.ljust(w) if i == 0 else title.rjust(w) for i, (title, w) in enumerate(COLUMNS)) + "  loader"
+COLUMNS = [("workload", 15), ("graph", 9), ("mugraph µs", 10), ("graph µs", 9), ("jax.jit µs", 10),
+           ("speedup", 8), ("(graph)", 8), ("model µs", 9), ("roof µs", 8), ("%roof(g)", 8), ("err vs jax", 10)]
+HEADER = " ".join(title.ljust(w) if i < 2 else title.rjust(w) for i, (title, w) in enumerate(COLUMNS)) + "  loader"
 
 
 def format_row(r: Row) -> str:
     if r.error:
-        return f"{r.workload:<15} FAILED: {r.error}"
-    cells = [r.workload.ljust(15), _num(r.mugraph_us, ".2f", 10), _num(r.graph_us, ".2f", 9),
+        return f"{r.workload:<15} {r.graph:<9} FAILED: {r.error}"
+    cells = [r.workload.ljust(15), r.graph.ljust(9), _num(r.mugraph_us, ".2f", 10), _num(r.graph_us, ".2f", 9),
              _num(r.jax_us, ".2f", 10), _num(r.speedup(r.mugraph_us), ".2f", 8, "x"),
-             _num(r.speedup(r.graph_us), ".2f", 8, "x"), _num(r.roofline_us, ".2f", 8),
-             _fraction(r.roofline_us, r.mugraph_us, 6), _fraction(r.roofline_graph_us, r.graph_us, 8),
-             _num(r.max_error_vs_jax, ".1e", 10), str(r.input_sets).rjust(4)]
+             _num(r.speedup(r.graph_us), ".2f", 8, "x"), _num(r.model_us, ".2f", 9), _num(r.roofline_us, ".2f", 8),
+             _fraction(r.roofline_us, r.graph_us, 8), _num(r.max_error_vs_jax, ".1e", 10)]
     return " ".join(cells) + f"  {r.loader}"
 
 
@@ -208,29 +294,163 @@ def device_summary() -> tuple[str, int]:
     return device_name(), int(props.get("l2CacheSize", 50 * 2**20))
 
 
-def main(argv=None) -> int:
+# ---- calibration (GPU) ---------------------------------------------------------------------------------------------
+
+_MICRO = r"""
+extern "C" __global__ void mg_empty() {}
+extern "C" __global__ void mg_chase(const unsigned* next, unsigned steps, unsigned* out) {
+  unsigned i = 0;
+  for (unsigned s = 0; s < steps; ++s) i = __ldcg(&next[i]);
+  *out = i;
+}
+extern "C" __global__ void mg_read(const float4* src, unsigned long long n, unsigned rounds, float* out) {
+  float acc = 0.0f;
+  for (unsigned r = 0; r < rounds; ++r)
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+      float4 v = __ldcg(&src[i]);
+      acc += v.x + v.y + v.z + v.w;
+    }
+  if (acc == 1.2345f) *out = acc;  // keeps the loads
+}
+"""
+
+
+@dataclass
+class Calibration:
+    device: str
+    target: str
+    values: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
+
+
+def _elapsed_us(fn, reps: int = 20) -> float:
+    import cupy
+    fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    runs = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        runs.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(runs)
+
+
+def calibrate(t) -> Calibration:
+    """Measure the table's measurable rates on this GPU (``t``: its Target)."""
+    import cupy
+    name, l2_bytes = device_summary()
+    cal = Calibration(name, t.name)
+    module = cupy.RawModule(code=_MICRO)
+    empty, chase, read = (module.get_function(n) for n in ("mg_empty", "mg_chase", "mg_read"))
+    out = cupy.zeros(1, cupy.float32)
+    # HBM: a device-to-device copy of 1 GiB moves 2 GiB
+    a = cupy.empty(2**28, cupy.float32)
+    b = cupy.empty_like(a)
+    copy_us = _elapsed_us(lambda: b.__setitem__(Ellipsis, a))
+    cal.values["hbm_efficiency"] = min(1.0, 2 * a.nbytes / (copy_us * 1e-6) / t.hbm_bandwidth)
+    # launches: 1000 empty kernels back to back, eagerly and from a CUDA graph
+    n = 1000
+    cal.values["launch_s"] = _elapsed_us(lambda: [empty((1,), (32,), ()) for _ in range(n)], 5) * 1e-6 / n
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for _ in range(n):
+            empty((1,), (32,), ())
+        graph = stream.end_capture()
+    cal.values["graph_launch_s"] = _elapsed_us(lambda: graph.launch(stream), 5) * 1e-6 / n
+    # idle HBM latency: one thread chasing a random cycle through 1 GiB
+    elems = 2**28
+    perm = cupy.random.permutation(elems).astype(cupy.uint32)
+    nxt = cupy.empty(elems, cupy.uint32)
+    nxt[perm] = cupy.roll(perm, -1)
+    steps = 20000
+    res = cupy.zeros(1, cupy.uint32)
+    cal.values["hbm_latency_s"] = _elapsed_us(lambda: chase((1,), (1,), (nxt, np.uint32(steps), res)), 3) * 1e-6 / steps
+    # L2 -> SMs: all SMs, then one CTA, reading an L2-resident buffer (a quarter of the L2) 64 times
+    l2buf = cupy.ones(l2_bytes // 4 // 4, cupy.float32)
+    n4 = l2buf.size // 4
+    rounds = 64
+    sms = t.sm_count
+    all_us = _elapsed_us(lambda: read((sms * 4,), (512,), (l2buf, np.uint64(n4), np.uint32(rounds), out)))
+    cal.values["l2_bandwidth"] = l2buf.nbytes * rounds / (all_us * 1e-6)
+    one_us = _elapsed_us(lambda: read((1,), (1024,), (l2buf, np.uint64(n4), np.uint32(4), out)), 5)
+    cal.values["sm_load_bandwidth"] = l2buf.nbytes * 4 / (one_us * 1e-6)
+    cal.notes = {"copy_us": copy_us, "device": name, "l2_bytes": l2_bytes}
+    return cal
+
+
+def write_calibration(cal: Calibration) -> Path:
+    from mugraph.codegen import calibration
+    day = datetime.date.today().isoformat()
+    why = f"measured by bench/gpu.py --calibrate on {cal.device}, {day}"
+    return calibration.updated(cal.target, cal.values, why)
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+
+def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(workloads.names()))
-    parser.add_argument("--iters", type=int, default=200, help="launches per timed run")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
-    parser.add_argument("--sets", type=int, default=8, help="at most this many rotating input sets")
+    parser.add_argument("--reps", type=int, default=100, help=f"timed single launches (median; >= {MIN_REPS})")
+    parser.add_argument("--model", action="store_true", help="print the cost model's table (no GPU needed)")
+    parser.add_argument("--calibrate", action="store_true", help="measure and write the calibration table")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
+    if args.reps < MIN_REPS:
+        parser.error(f"--reps {args.reps}: at least {MIN_REPS} launches make a median")
+    return args
+
+
+def _names(args) -> list[str]:
+    return [n.strip() for n in args.workloads.split(",") if n.strip()]
+
+
+def main_model(args) -> int:
+    rows = model_rows(_names(args))
+    print(format_model(rows))
+    print(MODEL_NOTE)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) | {"fraction": r.fraction} for r in rows], indent=1))
+    return 0
+
+
+def main_calibrate(args) -> int:
+    from mugraph.search.targets import get_target
+    name, _ = device_summary()
+    cal = calibrate(get_target(roofline_target(name)))
+    path = write_calibration(cal)
+    print(f"calibrated {cal.target} on {cal.device}: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.values.items()))
+    print(f"wrote {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(cal), indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.model:
+        return main_model(args)
     if not gpu_available():
         print("bench/gpu.py: no CUDA device (cupy.cuda.is_available() is False): nothing to time here. Run it on "
-              "a GPU machine, e.g. through bench/gpu_check.sh; bench/verify.py and the CPU harness need none.")
+              "a GPU machine, e.g. through bench/gpu_check.sh; `bench/gpu.py --model` needs none.")
         return 0
+    if args.calibrate:
+        return main_calibrate(args)
     import cupy
     name, l2_bytes = device_summary()
     target, jax = roofline_target(name), jax_on_gpu()
-    print(f"device: {name} (L2 {l2_bytes / 2**20:.0f} MiB; roofline target {target}); CuPy {cupy.__version__}; "
+    print(f"device: {name} (L2 {l2_bytes / 2**20:.0f} MiB; model target {target}); CuPy {cupy.__version__}; "
           f"baseline: {jax if isinstance(jax, str) else 'jax ' + jax.__version__ + ' jit'}", flush=True)
-    rows = [bench(n.strip(), args, jax, target, l2_bytes) for n in args.workloads.split(",") if n.strip()]
-    print(f"\n{args.iters} launches x {args.repeats} runs, medians\n{HEADER}")
+    flush = Flusher(l2_bytes)
+    rows = [r for n in _names(args) for r in bench(n, args, jax, target, flush)]
+    print(f"\nmedian of {args.reps} single launches, L2 flushed before each\n{HEADER}")
     print("\n".join(format_row(r) for r in rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": name, "target": target, "rows": [asdict(r) for r in rows]}, f, indent=1)
+        Path(args.json).write_text(json.dumps({"device": name, "target": target,
+                                               "rows": [asdict(r) for r in rows]}, indent=1))
     return 1 if any(r.error for r in rows) else 0
 
 

@@ -1,6 +1,8 @@
-"""Per-architecture data for the code generator: the limits a kernel must fit and the few knobs that differ.
+"""Per-architecture data for the code generator: the limits a kernel must fit and the numbers that size it.
 
-sm_80 and sm_90 run the same generated logic (cp.async, ldmatrix, mma.sync); only these numbers change.
+sm_80 and sm_90 run the same generated logic (cp.async, ldmatrix, mma.sync); only these numbers change. The
+sizing numbers (SM count, the bytes an SM must keep in flight) come from the calibration table, for the most
+demanding GPU of each arch (``calibration.SIZING_TARGET``: the A100 for sm_80, the H200 for sm_90).
 """
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+from mugraph.codegen import calibration
 from mugraph.codegen.compile import TARGETS
 from mugraph.ir.errors import InvalidInput
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024  # above this a launcher must raise the kernel's max-dynamic-smem attribute
+MAX_STAGES = 16                   # cp.async buffers per loop-walked tile, at most
 
 
 @dataclass(frozen=True)
@@ -21,23 +25,27 @@ class ArchSpec:
     name: str
     smem_limit: int          # dynamic shared memory one block may opt in to (bytes)
     max_threads: int         # threads per block
-    max_stages: int          # buffers per loop-walked input tile, at most (cp.async pipeline depth)
-    stage_budget: int        # deeper than 2 stages only while the kernel's shared memory stays below this
+    sm_count: int = 1        # multiprocessors of the sizing GPU
+    smem_per_sm: int = 0     # shared memory of one multiprocessor (bytes)
+    inflight_per_sm: int = 0  # bytes an SM keeps in flight to stream HBM at full rate (bandwidth x latency)
+    hbm_rate: float = 0.0    # bytes/s streaming kernels reach (peak x efficiency)
+    sm_fill_rate: float = 0.0  # bytes/s one SM pulls from L2
+    max_stages: int = MAX_STAGES
     smem_align: int = 128    # every shared buffer starts on a 128-byte line (swizzles assume it)
     fp32_matmul: str = "bf16x3"  # fp32 x fp32 block matmuls: "bf16x3" (tensor cores) or "simt" (exact fp32)
+    split_loops: bool = True  # split a short grid's loop over several CTAs (split-K / split-KV)
 
 
-# With one block per SM (the fused kernels' grids are about one wave), the bytes a block keeps in flight set its
-# share of HBM bandwidth: Hopper's larger shared memory affords a deeper pipeline. The budgets keep two or more
-# blocks per SM possible (A100: 164 KiB per SM, H100: 228 KiB). Two stages always remain (the search's cost
-# model assumes two), so a deeper pipeline never makes a candidate fail.
-_PIPELINE = {"sm_80": (3, 80 * 1024), "sm_90": (4, 112 * 1024), "sm_90a": (4, 112 * 1024)}
+def _spec(name: str, limit: int, threads: int) -> ArchSpec:
+    c = calibration.constants(calibration.SIZING_TARGET[name])
+    inflight = c["hbm_bandwidth"] * c["hbm_efficiency"] * c["loaded_latency_s"] / c["sm_count"]
+    return ArchSpec(name, smem_limit=limit, max_threads=threads, sm_count=int(c["sm_count"]),
+                    smem_per_sm=int(c["smem_per_sm"]), inflight_per_sm=int(inflight),
+                    hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"])
+
 
 ARCHS: Mapping[str, ArchSpec] = MappingProxyType({
-    name: ArchSpec(name, smem_limit=t.max_smem_per_block, max_threads=t.max_threads_per_block,
-                   max_stages=_PIPELINE.get(name, (2, 0))[0], stage_budget=_PIPELINE.get(name, (2, 0))[1])
-    for name, t in TARGETS.items()
-})
+    name: _spec(name, t.max_smem_per_block, t.max_threads_per_block) for name, t in TARGETS.items()})
 
 
 def get_arch(arch) -> ArchSpec:

@@ -37,6 +37,7 @@ import numpy as np
 
 from mugraph.codegen.compile import RUNTIME_DIR, first_error_line, runtime_digest, source_excerpt
 from mugraph.ir.errors import CompileError, InvalidInput, MugraphError
+from mugraph.ir.settings import settings
 
 SCHEDULES = {"rr": 0, "reverse": 1, "random": 2, "warpgreedy": 3}
 LANDINGS = {"wait": 0, "commit": 1, "random": 2}
@@ -311,8 +312,8 @@ def _launch_config(grid, block, smem_bytes: int, schedule: str | None, seed: int
 
 
 def _workers(workers: int | None) -> int:
-    if workers is None:
-        workers = _env_int("MG_SHIM_WORKERS", os.cpu_count() or 1)
+    if workers is None:  # MG_SHIM_WORKERS (the shim's own debug knob) wins over MUGRAPH_CPU_WORKERS
+        workers = _env_int("MG_SHIM_WORKERS", settings.cpu_workers or os.cpu_count() or 1)
     if not isinstance(workers, int) or workers < 1:
         raise InvalidInput(f"workers must be a positive integer, got {workers!r}")
     return workers

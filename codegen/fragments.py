@@ -7,7 +7,9 @@ Coordinates are (row, col) of the operand tile: A is m x k, B is k x n, C/D is m
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import product
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Iterable, Sequence
 
 from mugraph.ir.errors import InvalidInput
@@ -206,6 +208,134 @@ B_X4 = OperandLoad("two B stored n x k via ldmatrix.x4", LDMATRIX[4, False], MMA
                    transposed=True)
 
 
+# ---- the generator's path through the tables -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MmaPath:
+    """How the generator feeds one mma shape: the ldmatrix loads of its A fragments and of its B fragments, one
+    load filling ``b_wide.tiles`` n-tiles side by side and ``b_one`` a single n-tile. Every index the generated
+    code computes for these instructions is rendered from these records (``coord_c``)."""
+
+    shape: MmaShape
+    a_load: OperandLoad
+    b_wide: OperandLoad
+    b_one: OperandLoad
+
+    def __post_init__(self):
+        for load, frag in ((self.a_load, self.shape.a), (self.b_wide, self.shape.b), (self.b_one, self.shape.b)):
+            _require(load.fragment is frag, f"{load.name} loads {load.fragment.name}, not {frag.name}")
+        _require(self.b_one.tiles == 1, f"{self.b_one.name} must fill one n-tile")
+
+    def a_from_c(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per A register, per half: (n-tile offset, C register) of the C fragment element that holds the same
+        (row, k) for every lane -- how a product's accumulators become the next product's A fragment (n-tile
+        ``ks * k / n + offset`` at k-step ks)."""
+        m = self.shape
+        where = {}
+        for dt in range(m.k // m.n):
+            for q in range(m.c.regs):
+                cells = tuple(_shift(m.c_coord(lane, q), 0, dt * m.n) for lane in range(LANES))
+                where[cells] = (dt, q)
+        out = []
+        for reg in range(m.a.regs):
+            halves = []
+            for half in range(m.a.elems_per_reg):
+                cells = tuple(m.a_coord(lane, reg, half) for lane in range(LANES))
+                _require(cells in where, f"A register {reg} half {half} is held by no C register of one lane")
+                halves.append(where[cells])
+            out.append(tuple(halves))
+        return tuple(out)
+
+
+def _shift(c: Coord, dr: int, dc: int) -> Coord:
+    return c[0] + dr, c[1] + dc
+
+
+# mma.sync m16n8k16 with fp16/bf16 operands, as the generator emits it (sm_80 and sm_90).
+MMA_SYNC_16816 = MmaPath(MMA_M16N8K16, a_load=A_X4, b_wide=B_X4_TRANS, b_one=B_X2_TRANS)
+
+
+# ---- C index expressions from the tables ----------------------------------------------------------------------
+# Every map above is bit-linear: each coordinate is a sum over the bits of lane, register and half of bit x stride.
+# ``bit_strides`` reads the strides off a map (and checks the form on every input); ``coord_c`` renders them as C.
+
+LANE_BITS = 5
+# PTX's groupID (lane >> 2) and threadID_in_group (lane & 3): kernel-scope variables of every generated kernel.
+LANE_NAMES = {("lane", 2, 5): "g_", ("lane", 0, 2): "t4_"}
+
+
+def bit_strides(fn: Callable, widths: Sequence[int]) -> tuple[tuple[int, ...], tuple]:
+    """(base, strides) with ``fn(*args)[c] == base[c] + sum(strides[c][i][b] * bit b of args[i])`` for every
+    argument whose i-th value has ``widths[i]`` bits; InvalidInput if ``fn`` is not of that form."""
+    base = tuple(fn(*[0] * len(widths)))
+    strides = tuple(
+        tuple(tuple(fn(*[1 << b if j == i else 0 for j in range(len(widths))])[c] - base[c] for b in range(w))
+              for i, w in enumerate(widths))
+        for c in range(len(base)))
+    for args in product(*(range(1 << w) for w in widths)):
+        got = fn(*args)
+        for c, per_arg in enumerate(strides):
+            want = base[c] + sum(s * ((a >> b) & 1) for a, ss in zip(args, per_arg) for b, s in enumerate(ss))
+            _require(got[c] == want, f"map is not bit-linear: {args} -> {got}, the bit sum gives {want} at {c}")
+    return base, strides
+
+
+def coord_c(fn: Callable, args: Sequence, widths: Sequence[int]) -> tuple[str, ...]:
+    """C expressions of ``fn``'s coordinates. ``args[i]``: the C variable holding argument i, an int (a known
+    value), or a dict {bit: C variable or int} giving argument i bit by bit (its other bits 0)."""
+    base, strides = bit_strides(fn, widths)
+    return tuple(_render_coord(b, per_arg, args, widths) for b, per_arg in zip(base, strides))
+
+
+def _render_coord(base: int, per_arg, args, widths) -> str:
+    terms, const = [], base
+    for arg, ss, width in zip(args, per_arg, widths):
+        if isinstance(arg, int):
+            const += sum(s * ((arg >> b) & 1) for b, s in enumerate(ss))
+        elif isinstance(arg, dict):
+            for b, s in enumerate(ss):
+                bit = arg.get(b, 0)
+                if isinstance(bit, int):
+                    const += s * bit
+                elif s:
+                    terms.append(_scaled(bit, s))
+        else:
+            terms += [_scaled(_field(arg, lo, hi, width), s) for lo, hi, s in _runs(ss)]
+    if const:
+        terms.append(str(const))
+    return " + ".join(terms) or "0"
+
+
+def _runs(strides: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs [lo, hi) of bits with nonzero strides doubling from bit to bit: (lo, hi, stride of lo)."""
+    runs, b = [], 0
+    while b < len(strides):
+        if not strides[b]:
+            b += 1
+            continue
+        lo = b
+        while b + 1 < len(strides) and strides[b + 1] == 2 * strides[b]:
+            b += 1
+        runs.append((lo, b + 1, strides[lo]))
+        b += 1
+    return runs
+
+
+def _field(var: str, lo: int, hi: int, width: int) -> str:
+    """Bits [lo, hi) of ``var`` (a ``width``-bit value) as a C expression."""
+    named = LANE_NAMES.get((var, lo, hi))
+    if named:
+        return named
+    mask = (1 << (hi - lo)) - 1
+    if lo == 0:
+        return var if hi == width else f"({var} & {mask})"
+    return f"({var} >> {lo})" if hi == width else f"(({var} >> {lo}) & {mask})"
+
+
+def _scaled(term: str, stride: int) -> str:
+    return term if stride == 1 else f"{term} * {stride}"
+
+
 # ---- shared-memory tile layouts ----------------------------------------------------------------------------------
 
 def _log2(x: int) -> int:
@@ -278,6 +408,7 @@ class SmemLayout:
         return self.swizzle(linear) if self.swizzle else linear
 
 
+@lru_cache(maxsize=None)  # a layout checks its swizzle is a bijection when built: once per shape
 def choose_smem_layout(rows: int, cols: int, dtype_bytes: int) -> SmemLayout:
     """A layout for a tile stored by 16-byte cp.async (row-major chunk order) and read by ldmatrix.
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from mugraph.codegen import render as R
 from mugraph.codegen.arch import get_arch
 from mugraph.codegen.lower import InputView, KernelIR, OutputView, Step
-from mugraph.codegen.plan import GraphPlanner, LaunchPlan, SmemPlan, lower_and_plan, param_ctype
+from mugraph.codegen.plan import Buffer, GraphPlanner, LaunchPlan, SmemPlan, lower_and_plan, param_ctype
+from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 
@@ -44,7 +45,7 @@ def generate(graph: KernelGraph, arch="sm_80", *, prefix: str = "mg_kernel") -> 
         raise InvalidInput(f"kernel name prefix {prefix!r} is not a C identifier")
     planner = GraphPlanner(graph, prefix)
     customs, launches, buffers = planner.run()
-    kernels, smem = [], {}
+    kernels, fixed = [], {}
     for ck in customs:
         params = list(dict.fromkeys(v.param for v in ck.inputs)) + list(ck.outputs)
         cname = {b: f"p{i}" for i, b in enumerate(params)}
@@ -52,12 +53,27 @@ def generate(graph: KernelGraph, arch="sm_80", *, prefix: str = "mg_kernel") -> 
                  [OutputView(cname[o]) for o in ck.outputs])
         ir, plan = lower_and_plan(ck.graph, spec, ck.name, views)
         kernels.append(render_kernel(ir, plan))
-        smem[ck.name] = plan.total_bytes
-    launches = [replace(k, smem_bytes=smem[k.name]) if k.kind == "custom" else k for k in launches]
+        fixed[ck.name] = _split_launch(ir, plan, buffers)
+    launches = [fixed[k.name](k) if k.kind == "custom" else k for k in launches]
     arch = spec.name
     plan = LaunchPlan(tuple(launches), tuple(buffers), tuple(planner.names[n] for n in graph.inputs),
                       planner.outputs())
     return GeneratedModule(assemble_source(kernels, arch), plan, arch, tuple(kernels))
+
+
+def _split_launch(ir: KernelIR, smem: SmemPlan, buffers: list):
+    """The launch of a lowered kernel: its dynamic shared memory, and for a split loop the CTAs of every split
+    (folded into grid z) and the scratch and counter buffers it takes after its outputs (added to ``buffers``)."""
+    def launch(k):
+        k = replace(k, smem_bytes=smem.total_bytes)
+        if ir.splits == 1:
+            return k
+        gx, gy, gz = k.grid
+        scratch, counters = f"{k.name}_partials", f"{k.name}_counters"
+        buffers.append(Buffer(scratch, (gx * gy * gz * ir.splits * ir.state_floats,), DType.FLOAT32, "scratch"))
+        buffers.append(Buffer(counters, (gx * gy * gz,), DType.FLOAT32, "counters"))
+        return replace(k, grid=(gx, gy, gz * ir.splits), args=k.args + (scratch, counters))
+    return launch
 
 
 def assemble_source(kernels, arch: str) -> str:
@@ -180,12 +196,12 @@ class Barriers:
         ir = self.ir
         staged = set(ir.staged_inputs)
         writes_smem = any(s.writes - staged for s in body)
-        top_barrier = ir.has_stage_buffers or (ir.graph.forloop > 1 and writes_smem)
+        top_barrier = ir.has_stage_buffers or (ir.trips > 1 and writes_smem)
         if not top_barrier:
             accesses = [(r, "r") for s in body for r in s.reads] + [(x, "w") for s in body for x in s.writes]
             if any(self._conflict(name, kind) for name, kind in accesses):
                 self.barrier(all_groups=True)
-        if ir.graph.forloop == 1:
+        if ir.trips == 1:
             self.w("{  // the loop's single iteration")
             self.w.level += 1
             text = "\n".join(line for s in body for line in s.lines + s.decls) + "\n".join(ir.loop_head)
@@ -193,7 +209,7 @@ class Barriers:
                 self.w("const int it = 0;")
         else:
             self.w("#pragma unroll 1")
-            self.w.open(f"for (int it = 0; it < {ir.graph.forloop}; ++it)")
+            self.w.open(f"for (int it = 0; it < {ir.trips}; ++it)")
         if top_barrier:
             if ir.has_stage_buffers:
                 self.w(f"mg_cp_async_wait_group<{max(0, ir.stages - 2)}>();  // this iteration's tiles landed")

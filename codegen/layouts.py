@@ -14,10 +14,14 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-from mugraph.codegen.fragments import MMA_M16N8K16, SmemLayout, Swizzle, choose_smem_layout, render_index
+from functools import lru_cache
+
+from mugraph.codegen.fragments import (LANE_BITS, MMA_SYNC_16816, Fragment, SmemLayout, Swizzle, bit_strides,
+                                       choose_smem_layout, coord_c, render_index)
 from mugraph.ir.errors import InvalidInput
 
-MMA = MMA_M16N8K16
+PATH = MMA_SYNC_16816  # the mma shape and ldmatrix loads the generator emits
+MMA = PATH.shape
 WARP = 32
 
 
@@ -81,7 +85,7 @@ class Frag:
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
-        return self.tb, self.tm, self.tn, 4
+        return self.tb, self.tm, self.tn, MMA.c.regs
 
     # Which coordinates can fall outside the tile (padding, uneven warp splits, idle warps).
     @property
@@ -172,6 +176,35 @@ def reduce_group(outputs: int, length: int, threads: int) -> int:
     if group > WARP and group % WARP:
         group = WARP
     return group
+
+
+# ---- C index expressions of the mma path (rendered from the fragment tables) --------------------------------------
+
+
+def _widths(frag: Fragment) -> tuple[int, int, int]:
+    return LANE_BITS, (frag.regs - 1).bit_length(), (frag.elems_per_reg - 1).bit_length()
+
+
+@lru_cache(maxsize=None)
+def c_index(reg) -> tuple[str, str]:
+    """(row, col) inside an m x n accumulator tile of C register ``reg`` of this lane: ``reg`` a C variable, or a
+    tuple of (bit, C variable) pairs giving the register bit by bit (other bits 0)."""
+    arg = dict(reg) if isinstance(reg, tuple) else reg
+    return coord_c(MMA.c.coord, ("lane", arg, 0), _widths(MMA.c))
+
+
+@lru_cache(maxsize=None)
+def load_address(which: str) -> tuple[str, str]:
+    """(row, col) of the shared-tile row this lane points ldmatrix at, for ``PATH.<which>``."""
+    return coord_c(getattr(PATH, which).address, ("lane",), (LANE_BITS,))
+
+
+@lru_cache(maxsize=None)
+def row_shuffles() -> tuple[int, ...]:
+    """XOR masks over the lanes that hold the same rows of a C tile (a row reduction's shuffles)."""
+    _, strides = bit_strides(MMA.c.coord, _widths(MMA.c))
+    lane_rows = strides[0][0]
+    return tuple(1 << b for b, s in enumerate(lane_rows) if s == 0)
 
 
 # ---- shared memory tiles -----------------------------------------------------------------------------------------

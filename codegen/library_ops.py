@@ -50,6 +50,19 @@ ELEMENTWISE: Mapping[TOp, Callable] = {
     TOp.POW: lambda xp, sp, x, y, arg: xp.power(x, y),
     TOp.MAX: lambda xp, sp, x, y, arg: xp.maximum(x, y),
     TOp.MIN: lambda xp, sp, x, y, arg: xp.minimum(x, y),
+    TOp.ABS: lambda xp, sp, x, arg: xp.abs(x),
+    TOp.LOG1P: lambda xp, sp, x, arg: xp.log1p(x),
+    TOp.EXPM1: lambda xp, sp, x, arg: xp.expm1(x),
+    TOp.SOFTPLUS: lambda xp, sp, x, arg: xp.logaddexp(x, xp.float32(0)),
+    TOp.LEAKY_RELU: lambda xp, sp, x, s, arg: xp.where(x >= 0, x, s * x),
+    TOp.GT: lambda xp, sp, x, y, arg: (x > y).astype(xp.float32),
+    TOp.GE: lambda xp, sp, x, y, arg: (x >= y).astype(xp.float32),
+    TOp.LT: lambda xp, sp, x, y, arg: (x < y).astype(xp.float32),
+    TOp.LE: lambda xp, sp, x, y, arg: (x <= y).astype(xp.float32),
+    TOp.EQ: lambda xp, sp, x, y, arg: (x == y).astype(xp.float32),
+    TOp.NE: lambda xp, sp, x, y, arg: (x != y).astype(xp.float32),
+    TOp.IS_FINITE: lambda xp, sp, x, arg: xp.isfinite(x).astype(xp.float32),
+    TOp.SELECT: lambda xp, sp, c, a, b, arg: xp.where(c != 0, a, b),
 }
 
 
@@ -94,12 +107,19 @@ def _constant(xp, node, srcs, out) -> None:
     out.fill(np.float32(node.arg[0]))  # through fp32, as the interpreter rounds it
 
 
+def _iota(xp, node, srcs, out) -> None:
+    shape, dim, _ = node.arg
+    index = xp.arange(shape[dim], dtype=xp.float32).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    _store(out, xp.broadcast_to(index, shape))
+
+
 def _concat(xp, node, srcs, out) -> None:
     _store(out, xp.concatenate([_f32(xp, s) for s in srcs], axis=node.arg))
 
 
 LIBRARY_OPS: Mapping = {
     KOp.CONSTANT: _constant,
+    KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce("sum"),
     KOp.REDUCE_MAX: _reduce("max"),

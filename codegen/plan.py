@@ -9,10 +9,12 @@ launches only when a library op or a graph output needs them materialised.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from mugraph.codegen.arch import ArchSpec, get_arch
 from mugraph.codegen.lower import InputView, KernelIR, Lowering, OutputView, SmemBuffer
 from mugraph.codegen.render import DTYPE_C
+from mugraph.codegen.splits import COUNTERS, SCRATCH
 from mugraph.ir.block import BlockGraph
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph, ResourceError
@@ -30,7 +32,7 @@ class Buffer:
     name: str
     shape: tuple
     dtype: DType
-    role: str  # "input" | "output" | "intermediate"
+    role: str  # "input" | "output" | "intermediate" | "scratch" | "counters" (zeroed once; kernels reset them)
 
 
 @dataclass(frozen=True)
@@ -164,18 +166,17 @@ def plan_shared_memory(block_graph: BlockGraph, arch: str = "sm_80") -> SmemPlan
 
 
 def lower_and_plan(bg: BlockGraph, arch: ArchSpec, name: str, views) -> tuple[KernelIR, SmemPlan]:
-    """The deepest cp.async pipeline (up to the arch's stages) within the arch's budget, else two stages."""
-    for stages in range(arch.max_stages, 2, -1):
-        if bg.forloop < stages or not any(n.arg.fmap is not None for n in bg.inputs):
-            continue
-        ir = lower_block_graph(bg, arch, name, views, stages)
-        try:
-            plan = plan_ir_smem(ir, arch)
-        except ResourceError:
-            continue
-        if plan.total_bytes <= arch.stage_budget:
-            return ir, plan
-    ir = lower_block_graph(bg, arch, name, views, 2)
+    """Lowered and placed by the block graph's schedule (``schedule.kernel_schedule``: splits and stages)."""
+    from mugraph.codegen.schedule import kernel_schedule
+    s = kernel_schedule(bg, arch)
+    ir = lower_block_graph(bg, arch, name, views, s.stages, s.splits)
+    return ir, plan_ir_smem(ir, arch)
+
+
+@lru_cache(maxsize=4096)
+def lowered(bg: BlockGraph, arch: ArchSpec, stages: int, splits: int) -> tuple[KernelIR, SmemPlan]:
+    """``bg`` lowered with contiguous inputs and placed (memoised: the schedule and the cost model read it)."""
+    ir = lower_block_graph(bg, arch, "kernel", default_views(bg), stages, splits)
     return ir, plan_ir_smem(ir, arch)
 
 
@@ -185,7 +186,8 @@ def default_views(bg: BlockGraph) -> tuple[list[InputView], list[OutputView]]:
     return inputs, outputs
 
 
-def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: int = 2) -> KernelIR:
+def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: int = 2,
+                      splits: int = 1) -> KernelIR:
     inputs, outputs = views
     if bg.threads > arch.max_threads:
         raise ResourceError(f"block graph {bg!r} uses {bg.threads} threads; {arch.name} allows {arch.max_threads}")
@@ -196,7 +198,11 @@ def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: 
             params.append((v.param, v.dtype, True))
     for v, out in zip(outputs, bg.outputs):
         params.append((v.param, out.dtype, False))
-    return Lowering(bg, name, arch, inputs, outputs, params, stages).run()
+    if bg.forloop % splits:
+        raise InvalidGraph(f"a loop of {bg.forloop} trips does not split into {splits} equal shares")
+    if splits > 1:  # the partial states and the finished-CTA counters (splits.py)
+        params += [(SCRATCH, DType.FLOAT32, False), (COUNTERS, None, False)]
+    return Lowering(bg, name, arch, inputs, outputs, params, stages, splits).run()
 
 
 def row_major(shape) -> tuple:
@@ -330,5 +336,7 @@ class GraphPlanner:
         self.launches.append(KernelLaunch("", "library", (0, 0, 0), (0, 0, 0), 0, args + (out,), node))
 
 
-def param_ctype(dtype: DType, const: bool) -> str:
-    return f"{'const ' if const else ''}{DTYPE_C[dtype].storage}* __restrict__"
+def param_ctype(dtype: DType | None, const: bool) -> str:
+    """A pointer parameter's C type; ``dtype`` None: the unsigned counters of a split loop."""
+    storage = "unsigned" if dtype is None else DTYPE_C[dtype].storage
+    return f"{'const ' if const else ''}{storage}* __restrict__"

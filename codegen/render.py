@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-import numpy as np
-
 from mugraph.codegen.fragments import MMA_M16N8K16
+from mugraph.codegen.snippets import ELEMENTWISE_C, HELPERS, elementwise, helpers_in, literal  # noqa: F401
 from mugraph.ir.dtypes import DType
-from mugraph.ir.ops import BOp, TOp
+from mugraph.ir.ops import BOp
 
 # ---- dtypes -------------------------------------------------------------------------------------------------------
 
@@ -35,60 +34,8 @@ DTYPE_C: Mapping[DType, CType] = {
 # The tensor-core instruction per 16-bit operand dtype (fp32 accumulation).
 MMA_C: Mapping[DType, str] = {d: MMA_M16N8K16.intrinsic(d.short) for d in (DType.FLOAT16, DType.BFLOAT16)}
 
-# ---- elementwise ops ----------------------------------------------------------------------------------------------
-# Templates over fp32 operands {0} (and {1}); {lo}/{hi} are clamp's bounds. Helpers (below) keep operands that
-# appear twice from being evaluated twice.
-ELEMENTWISE_C: Mapping[TOp, str] = {
-    TOp.EXP: "mg_exp({0})",
-    TOp.LOG: "mg_log({0})",
-    TOp.SQUARE: "mg_square({0})",
-    TOp.SQRT: "mg_sqrt({0})",
-    TOp.RSQRT: "mg_rsqrt({0})",
-    TOp.SILU: "mg_silu({0})",
-    TOp.GELU: "mg_gelu({0})",
-    TOp.RELU: "mg_fmax({0}, 0.0f)",
-    TOp.SIGMOID: "mg_sigmoid({0})",
-    TOp.TANH: "mg_tanh({0})",
-    TOp.ERF: "mg_erf({0})",
-    TOp.NEG: "(-{0})",
-    TOp.CLAMP: "mg_fmin(mg_fmax({0}, {lo}), {hi})",
-    TOp.ADD: "({0} + {1})",
-    TOp.SUB: "({0} - {1})",
-    TOp.MUL: "({0} * {1})",
-    TOp.DIV: "({0} / {1})",
-    TOp.POW: "mg_pow({0}, {1})",
-    TOp.MAX: "mg_fmax({0}, {1})",
-    TOp.MIN: "mg_fmin({0}, {1})",
-}
-
-# Device helpers the generated file defines after its include, emitted only when used.
-HELPERS: Mapping[str, str] = {
-    "mg_square": "MG_DEVICE float mg_square(float x) { return x * x; }",
-    "mg_sigmoid": "MG_DEVICE float mg_sigmoid(float x) { return 1.0f / (1.0f + mg_exp(-x)); }",
-    "mg_silu": "MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }",
-    "mg_gelu": "MG_DEVICE float mg_gelu(float x) { return 0.5f * x * (1.0f + mg_erf(x * 0.707106781f)); }",
-    "mg_bf16_lo": "MG_DEVICE mg_bf16 mg_bf16_lo(float x) { return mg_f2b(x - mg_b2f(mg_f2b(x))); }",
-    "mg_pow": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_pow(float x, float y) { return powf(x, y); }\n#else\n"
-               "inline float mg_pow(float x, float y) { return std::pow(x, y); }\n#endif"),
-    "mg_ninf": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }\n"
-                "#else\ninline float mg_ninf() { return -HUGE_VALF; }\n#endif"),
-}
-
-
 # An fp32 operand of a tensor-core product as two bf16 halves: x ~ hi + lo.
 SPLIT_C: Mapping[str, object] = {"hi": "mg_f2b({})".format, "lo": "mg_bf16_lo({})".format}
-
-
-def elementwise(op: TOp, args, arg=None) -> str:
-    """The C expression of ``op`` applied to fp32 expressions ``args``."""
-    extra = {"lo": literal(arg[0]), "hi": literal(arg[1])} if op is TOp.CLAMP else {}
-    return ELEMENTWISE_C[op].format(*args, **extra)
-
-
-def helpers_in(text: str) -> list[str]:
-    """The helper definitions ``text`` calls, in table order."""
-    return [body for name, body in HELPERS.items() if name + "(" in text]
-
 
 # ---- reductions and accumulators ----------------------------------------------------------------------------------
 
@@ -136,16 +83,7 @@ ACC_C: Mapping[BOp, AccRule] = {
     BOp.ACC_SUM_LAST_RESCALE: AccRule(SUM, last=True, rescale=True),
 }
 
-# ---- literals and text ----------------------------------------------------------------------------------------------
-
-
-def literal(value: float) -> str:
-    """An fp32 C literal that round-trips ``value`` rounded to float32 (block constants are fp32)."""
-    v = float(np.float32(value))
-    if v == int(v) and abs(v) < 1e9:
-        return f"{int(v)}.0f" if v >= 0 else f"-{int(-v)}.0f"
-    text = f"{v:.9g}"
-    return f"{text}f"
+# ---- text ----------------------------------------------------------------------------------------------------
 
 
 class CodeWriter:

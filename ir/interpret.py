@@ -20,6 +20,7 @@ from mugraph.ir.node import BNode, KNode
 from mugraph.ir.ops import BOp, KOp, TOp
 from mugraph.ir.semantics import FLOAT64, OWN_DTYPE
 from mugraph.ir.shapes import mma_dtype
+from mugraph.ir.thread import evaluate
 
 F32 = DType.FLOAT32
 
@@ -118,12 +119,21 @@ def _rms_norm(sem, node, x, dtype, lead: int = 0):
     return sem.elementwise(TOp.MUL, [x, r], None, dtype)
 
 
+def _iota(sem, node):
+    """Index k along `dim` is the constant k: any semantics with `constant` computes an iota."""
+    shape, dim, dtype = node.arg
+    unit = tuple(1 for _ in shape)
+    values = [sem.constant(float(k), unit, dtype) for k in range(shape[dim])]
+    return np.ascontiguousarray(np.broadcast_to(np.concatenate(values, axis=dim), shape))
+
+
 def _elementwise(sem, node, srcs):
     return sem.elementwise(node.op, srcs, node.arg, node.dtype)
 
 
 KERNEL_EVAL = {
     KOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
+    KOp.IOTA: lambda sem, n, s: _iota(sem, n),
     KOp.MATMUL: lambda sem, n, s: sem.matmul(s[0], s[1], n.dtype),
     KOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, n.dtype),
     KOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, n.dtype),
@@ -140,13 +150,29 @@ def _block_matmul(sem, n, s):
     return sem.matmul(s[0], s[1], F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
 
 
+def _block_elementwise(sem, node, srcs):
+    """Tile values carry the grid as LEAD leading axes, so an operand of lower rank (a 1-D bias
+    tile next to a 2-D tile) gets its missing unit dims after them, not before. (Constants
+    carry no grid axes and broadcast from the right as they are.)"""
+    return sem.elementwise(node.op, [_align(v, s.rank, node.rank) for v, s in zip(srcs, node.srcs)],
+                           node.arg, node.dtype)
+
+
+def _align(value, rank: int, to: int):
+    if rank == to or np.ndim(value) != LEAD + rank:
+        return value
+    shape = np.shape(value)
+    return np.reshape(value, shape[:LEAD] + (1,) * (to - rank) + shape[LEAD:])
+
+
 BLOCK_EVAL = {
     BOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
     BOp.MATMUL: _block_matmul,
     BOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg + LEAD, F32),
     BOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg + LEAD, F32),
     BOp.RMS_NORM: lambda sem, n, s: _rms_norm(sem, n, s[0], F32, lead=LEAD),
-} | {op: _elementwise for op in TOp}
+    BOp.THREAD: lambda sem, n, s: evaluate(n, s, lambda m, v: BLOCK_EVAL[m.op](sem, m, v)),
+} | {op: _block_elementwise for op in TOp}
 
 
 def _add(sem, a, b):

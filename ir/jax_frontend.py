@@ -19,6 +19,16 @@ operands (constants take their partner's dtype), so a function that returns its 
 lifts to a graph that does too. An output that JAX widens to float32 from 16-bit inputs is
 widened by a multiply with a float32 1.0; an output JAX narrows cannot be narrowed (the IR has
 no cast) and keeps the wider dtype the operands give it.
+
+Predicates and indices. A boolean jaxpr value is lifted to a 0/1 float mask (comparisons,
+`is_finite`; `and` is a MUL, `or` a MAX, `not` 1 - c) and `select_n` to SELECT, so
+`jnp.where(mask, s, -jnp.inf)` is one op with an inf constant. `iota` becomes a float32 IOTA
+leaf, and integer index arithmetic on it (+, -, *, max, min, comparisons) is computed in float32,
+which is exact while every value stays below 2^24 (checked per equation); other integer
+arithmetic is refused. JAX's own compositions are kept op for op, except three that lift to one
+IR op with the same values, NaN and inf included: `jax.nn.leaky_relu` and `where(x > 0, x, a*x)`
+style selects (LEAKY_RELU), `logaddexp(x, 0)` (SOFTPLUS, e.g. `jax.nn.softplus`), and x *
+sigmoid(x) (SILU).
 """
 from __future__ import annotations
 
@@ -36,10 +46,11 @@ from jax.extend.core import ClosedJaxpr, Literal
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
-from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input
-from mugraph.ir.ops import KOp, TOp
+from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input, kernel_iota
+from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp, is_mask
+from mugraph.ir.origin import record_jax_origin
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
-from mugraph.ir.shapes import MAX_RANK
+from mugraph.ir.shapes import EXACT_INTEGERS, MAX_RANK
 
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -99,14 +110,19 @@ def _const_node(value: float, like: KNode) -> KNode:
     A value that would overflow `like`'s 16-bit dtype (JAX computed it in float32 after an
     elided cast) is kept as a float32 constant instead.
     """
-    if not math.isfinite(value):
-        raise _Unsupported(f"the constant {value} is not finite",
-                           hint="mugraph constants are finite floats; rewrite without inf/nan")
+    _check_constant(value)
     dtype = like.dtype
     with np.errstate(over="ignore"):
-        if not np.isfinite(np.asarray(value, np.float64).astype(dtype.numpy)):
+        if math.isfinite(value) and not np.isfinite(np.asarray(value, np.float64).astype(dtype.numpy)):
             dtype = DType.FLOAT32
     return kernel_constant(value, (1,) * like.rank, dtype)
+
+
+def _check_constant(value: float) -> None:
+    if math.isnan(value):
+        raise _Unsupported("the constant nan is not a value mugraph computes with",
+                           hint="IR constants are floats or +-inf; select a finite value or "
+                                "-inf instead of nan")
 
 
 def _full_constant(c: Const) -> View:
@@ -114,8 +130,7 @@ def _full_constant(c: Const) -> View:
     if not c.shape or len(c.shape) > MAX_RANK:
         raise _Unsupported(f"a constant of shape {list(c.shape)} cannot be a kernel tensor",
                            hint=f"kernel tensors have 1 to {MAX_RANK} dims")
-    if not math.isfinite(c.value):
-        raise _Unsupported(f"the constant {c.value} is not finite")
+    _check_constant(c.value)
     node = kernel_constant(c.value, c.shape, _ir_dtype(c.dtype))
     return _view(node, range(len(c.shape)), c.shape)
 
@@ -143,6 +158,8 @@ def _arrange(v: View, slots) -> KNode:
     mapped = [i for i, label in enumerate(v.labels) if label is not None]
     if any(v.labels[i] not in slots for i in mapped):
         raise MugraphError(f"internal: view labels {v.labels} do not fit slots {slots}")
+    if _index_leaves(v.node):
+        return _relaid_index(v, slots)
     wanted = sorted(mapped, key=lambda i: slots.index(v.labels[i]))
     node = v.node
     if wanted != mapped:
@@ -154,11 +171,48 @@ def _arrange(v: View, slots) -> KNode:
     return node if node.shape == shape else node.reshape(shape)
 
 
+def _index_leaves(node: KNode) -> bool:
+    """Whether `node` is built from iotas and scalar constants by elementwise ops only."""
+    if node.op is KOp.IOTA:
+        return True
+    if node.op is KOp.CONSTANT:
+        return False  # a lone constant is no index expression (its leaves must hold an iota)
+    return isinstance(node.op, TOp) and all(
+        _index_leaves(s) or (s.op is KOp.CONSTANT and all(d == 1 for d in s.shape))
+        for s in node.srcs) and any(_index_leaves(s) for s in node.srcs)
+
+
+def _relaid_index(v: View, slots) -> KNode:
+    """An index expression arranged in `slots` is the same expression over iotas laid out so,
+    never a layout node: the IOTA leaves stay leaves the search and codegen can tile."""
+    def rebuild(node: KNode) -> KNode:
+        if node.op is KOp.CONSTANT:
+            return kernel_constant(node.arg[0], (1,) * len(slots), node.arg[2])
+        if node.op is KOp.IOTA:
+            _, dim, dtype = node.arg
+            label = v.labels[v.node.rank - node.rank + dim]
+            shape = tuple(v.shape[s] if s is not None and s == label else 1 for s in slots)
+            return kernel_iota(shape, slots.index(label) if label is not None else 0, dtype)
+        return KNode(node.op, tuple(rebuild(s) for s in node.srcs), node.arg)
+    return rebuild(v.node)
+
+
+def _filled_index(node: KNode, shape) -> KNode:
+    """An index expression broadcast to `shape`: its iotas take the shape."""
+    if node.op is KOp.IOTA:
+        return kernel_iota(shape, node.arg[1], node.arg[2])
+    if node.op is KOp.CONSTANT:
+        return node
+    return KNode(node.op, tuple(_filled_index(s, shape) for s in node.srcs), node.arg)
+
+
 def _fill(node: KNode, slots, full_shape, keep_unit=()) -> KNode:
     """Broadcast unit dims standing for larger jaxpr dims, except the dims in `keep_unit`."""
     shape = tuple(full_shape[s] if s is not None and s not in keep_unit and size == 1 else size
                   for s, size in zip(slots, node.shape))
-    return node if shape == node.shape else node.broadcast_to(shape)
+    if shape == node.shape:
+        return node
+    return _filled_index(node, shape) if _index_leaves(node) else node.broadcast_to(shape)
 
 
 def _materialize(v: View) -> KNode:
@@ -178,16 +232,17 @@ def _merge(a: tuple, b: tuple):
     return merged if len(labels) == len(set(labels)) else None
 
 
-def _align(a: View, b: View):
-    """IR nodes for a and b that broadcast against each other, and the labels of the result."""
-    merged = _merge(a.labels, b.labels)
+def _align(*views: View):
+    """IR nodes for `views` that broadcast against each other, and the labels of the result."""
+    merged = ()
+    for v in views:
+        merged = _merge(merged, v.labels) if merged is not None else None
     if merged is not None:
-        return a.node, b.node, merged
-    have_a = {x for x in a.labels if x is not None}
-    have_b = {x for x in b.labels if x is not None}
-    frame = a.labels if have_b <= have_a else b.labels if have_a <= have_b else \
-        tuple(sorted(have_a | have_b))
-    return _arrange(a, frame), _arrange(b, frame), frame
+        return [v.node for v in views], merged
+    have = [{x for x in v.labels if x is not None} for v in views]
+    union = set().union(*have)
+    frame = next((v.labels for v, h in zip(views, have) if h == union), tuple(sorted(union)))
+    return [_arrange(v, frame) for v in views], frame
 
 
 # ---- elementwise rules ---------------------------------------------------------------------------
@@ -217,9 +272,29 @@ def _apply_binary(eqn, op: TOp, a, b):
         return _view(KNode(op, (_const_node(a.value, b.node), b.node)), b.labels, shape)
     if isinstance(b, Const):
         return _view(KNode(op, (a.node, _const_node(b.value, a.node))), a.labels, shape)
-    na, nb, labels = _align(a, b)
+    (na, nb), labels = _align(a, b)
     node = KNode(op, (na, nb))
     return _view(node, (None,) * (node.rank - len(labels)) + tuple(labels), shape)
+
+
+def _apply_select(eqn, c, a, b):
+    """SELECT(c, a, b): constants take the dtype of a tensor branch (else of the mask).
+    A 0/1 mask c gives where(c, 1, 0) = c and where(c, 0, 1) = 1 - c (jnp.tril of ones)."""
+    if isinstance(a, Const) and isinstance(b, Const) and is_mask(c.node) and \
+            {a.value, b.value} == {0.0, 1.0}:
+        if a.value == 1.0:
+            return View(c.node, c.labels, _out(eqn)[0])
+        return _apply_binary(eqn, TOp.SUB, Const(1.0, b.dtype, ()), c)
+    views = [v for v in (a, b, c) if isinstance(v, View)]
+    like = views[0].node
+    nodes = [v if isinstance(v, View) else None for v in (c, a, b)]
+    present = [v for v in nodes if v is not None]
+    aligned, labels = _align(*present)
+    found = iter(aligned)
+    srcs = [next(found) if v is not None else _const_node(x.value, like)
+            for v, x in zip(nodes, (c, a, b))]
+    node = KNode(TOp.SELECT, tuple(srcs))
+    return _view(node, (None,) * (node.rank - len(labels)) + tuple(labels), _out(eqn)[0])
 
 
 def _unary(op: TOp):
@@ -229,15 +304,33 @@ def _unary(op: TOp):
     return rule
 
 
+_INDEX_IDENTITY = {TOp.ADD: (0.0, 0.0), TOp.SUB: (None, 0.0), TOp.MUL: (1.0, 1.0)}
+
+
 def _binary(op: TOp):
     def rule(eqn, a, b):
-        return _apply_binary(eqn, op, a, b)
+        return _index_identity(eqn, op, a, b) or _apply_binary(eqn, op, a, b)
     rule.__name__ = f"lift_{op.value}"
     return rule
 
 
+def _index_identity(eqn, op: TOp, a, b):
+    """i + 0, i - 0 and i * 1 are i for integers (jnp.tril adds its offset k = 0 to an iota);
+    floats keep them (-0.0 + 0.0 is +0.0)."""
+    left, right = _INDEX_IDENTITY.get(op, (None, None))
+    if not _is_index(_out(eqn)[1]):
+        return None
+    for c, x, unit in ((b, a, right), (a, b, left)):
+        if isinstance(c, Const) and isinstance(x, View) and unit is not None and c.value == unit:
+            return View(x.node, x.labels, _out(eqn)[0])
+    return None
+
+
 def lift_mul(eqn, a, b):
     """x * sigmoid(x) is silu."""
+    found = _index_identity(eqn, TOp.MUL, a, b)
+    if found is not None:
+        return found
     for x, s in ((a, b), (b, a)):
         if isinstance(x, View) and isinstance(s, View) and s.node.op is TOp.SIGMOID \
                 and s.node.srcs[0] is x.node and s.labels == x.labels:
@@ -322,18 +415,6 @@ def lift_erfc(eqn, x):
     return _apply_binary(eqn, TOp.SUB, Const(1.0, _out(eqn)[1], ()), _apply_unary(eqn, TOp.ERF, x))
 
 
-def lift_abs(eqn, x):
-    return _apply_binary(eqn, TOp.MAX, x, _apply_unary(eqn, TOp.NEG, x))
-
-
-def lift_expm1(eqn, x):
-    return _apply_binary(eqn, TOp.SUB, _apply_unary(eqn, TOp.EXP, x), Const(1.0, _out(eqn)[1], ()))
-
-
-def lift_log1p(eqn, x):
-    return _apply_unary(eqn, TOp.LOG, _apply_binary(eqn, TOp.ADD, x, Const(1.0, _out(eqn)[1], ())))
-
-
 def lift_exp2(eqn, x):
     return _apply_unary(eqn, TOp.EXP, _apply_binary(eqn, TOp.MUL, x,
                                                     Const(math.log(2.0), _out(eqn)[1], ())))
@@ -344,11 +425,159 @@ def lift_identity(eqn, *xs):
 
 
 def lift_convert_element_type(eqn, x):
-    """Float casts are elided (intermediates are fp32 or wider); constants take the new type."""
+    """Float casts are elided (intermediates are fp32 or wider); constants take the new type.
+    A mask or an index becomes a float as it is (0/1, exact integers); a float becomes a mask
+    by x != 0; a float never becomes an integer (that truncates)."""
     shape, dtype = _out(eqn)
     if isinstance(x, Const):
         return Const(_rounded(x.value, dtype), dtype, shape)
-    return x  # casts of tensors to integer types were refused by _check_operands
+    source = np.dtype(eqn.invars[0].aval.dtype)
+    if dtype == np.bool_ and source != np.bool_:
+        return _apply_binary(eqn, TOp.NE, x, Const(0.0, source, ()))
+    if _is_index(dtype) and not _is_index(source) and source != np.bool_:
+        raise _Unsupported(f"a {source.name} tensor converted to {dtype.name} (truncation)",
+                           hint="mugraph computes on float tensors; keep the values float")
+    return x
+
+
+def _is_index(dtype) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.integer))
+
+
+# ---- predicates, selects and indices --------------------------------------------------------------
+def lift_iota(eqn):
+    """An index array: one float32 IOTA leaf along its dim (other dims are broadcast labels)."""
+    shape, dim = tuple(eqn.params["shape"]), eqn.params["dimension"]
+    if shape[dim] > EXACT_INTEGERS[DType.FLOAT32]:
+        raise _Unsupported(f"an iota of extent {shape[dim]} is not exact in float32",
+                           hint=f"index arrays are lifted below {EXACT_INTEGERS[DType.FLOAT32]}")
+    return _view(kernel_iota((shape[dim],), 0, "float32"), (dim,), shape)
+
+
+def _logical(op: TOp):
+    """`and` / `or` of masks (0/1 floats): a product, a maximum."""
+    def rule(eqn, a, b):
+        _bools_only(eqn)
+        return _apply_binary(eqn, op, a, b)
+    rule.__name__ = f"lift_logical_{op.value}"
+    return rule
+
+
+def lift_not(eqn, x):
+    _bools_only(eqn)
+    return _apply_binary(eqn, TOp.SUB, Const(1.0, np.dtype(np.float32), ()), x)
+
+
+def _bools_only(eqn) -> None:
+    if any(np.dtype(v.aval.dtype) != np.bool_ for v in eqn.invars):
+        raise _Unsupported("bitwise logic on integers",
+                           hint="mugraph lifts and/or/not of boolean masks only")
+
+
+def _zero(v) -> bool:
+    return isinstance(v, KNode) and v.op is KOp.CONSTANT and v.arg[0] == 0.0 and \
+        all(d == 1 for d in v.shape)
+
+
+# mask op -> (x >= 0 or x > 0 is the mask's truth: strict, whether "x" is its true case)
+_SIGN_TESTS = {(TOp.GE, 0): (False, True), (TOp.LE, 1): (False, True),
+               (TOp.GT, 0): (True, True), (TOp.LT, 1): (True, True),
+               (TOp.LT, 0): (False, False), (TOp.GT, 1): (False, False),
+               (TOp.LE, 0): (True, False), (TOp.GE, 1): (True, False)}
+
+
+def _sign_test(mask: KNode):
+    """(x, strict, x_when_true) when `mask` compares a tensor x with 0, else None."""
+    if mask.op not in (TOp.GE, TOp.GT, TOp.LE, TOp.LT):
+        return None
+    for side, zero in ((0, 1), (1, 0)):
+        if _zero(mask.srcs[zero]):
+            strict, x_when_true = _SIGN_TESTS[(mask.op, side)]
+            return mask.srcs[side], strict, x_when_true
+    return None
+
+
+def _slope_of(prod: KNode, x: KNode):
+    """s when `prod` is s * x or x * s."""
+    if prod.op is not TOp.MUL or x not in prod.srcs:
+        return None
+    a, b = prod.srcs
+    return b if a is x else a
+
+
+def _leaky(eqn, which, false, true):
+    """where(x >= 0, x, s * x) (and its > / < / <= forms) as LEAKY_RELU(x, s), else None.
+
+    At x = 0 the strict forms take s * 0, which is 0 only for a finite slope: they are
+    recognised with a finite constant slope only. NaN gives NaN either way.
+    """
+    if not (isinstance(which, View) and isinstance(true, View) and isinstance(false, View)):
+        return None
+    found = _sign_test(which.node)
+    if found is None:
+        return None
+    x, strict, x_when_true = found
+    same, scaled = (true, false) if x_when_true else (false, true)
+    slope = _slope_of(scaled.node, x)
+    if same.node is not x or slope is None or same.labels != which.labels \
+            or scaled.labels != which.labels:
+        return None
+    if strict and not (slope.op is KOp.CONSTANT and math.isfinite(slope.arg[0])):
+        return None
+    return _view(KNode(TOp.LEAKY_RELU, (x, slope)), which.labels, _out(eqn)[0])
+
+
+def _softplus(eqn, which, false, true):
+    """JAX's logaddexp(x, 0) = where(isnan(d), x + 0, max(x, 0) + log1p(exp(-|d|))), d = x - 0,
+    as SOFTPLUS(x) (jax.nn.softplus), else None."""
+    if not (isinstance(which, View) and isinstance(true, View) and isinstance(false, View)):
+        return None
+    nan_test, body = which.node, false.node
+    if nan_test.op is not TOp.NE or nan_test.srcs[0] is not nan_test.srcs[1]:
+        return None
+    d = nan_test.srcs[0]
+    x = _with_zero(d, TOp.SUB)
+    if x is None or body.op is not TOp.ADD:
+        return None
+    tail = body.srcs[1]
+    chain = [TOp.LOG1P, TOp.EXP, TOp.NEG, TOp.ABS]
+    for op in chain:
+        if tail.op is not op:
+            return None
+        tail = tail.srcs[0]
+    if tail is not d or body.srcs[0].op is not TOp.RELU or body.srcs[0].srcs[0] is not x or \
+            _with_zero(true.node, TOp.ADD) is not x:
+        return None
+    return _view(KNode(TOp.SOFTPLUS, (x,)), which.labels, _out(eqn)[0])
+
+
+def _with_zero(node: KNode, op: TOp):
+    """x when `node` is op(x, 0) or op(0, x) with a scalar zero constant, else None."""
+    if node.op is not op:
+        return None
+    a, b = node.srcs
+    return a if _zero(b) else b if _zero(a) else None
+
+
+def lift_sign(eqn, x):
+    """sign(x) = where(x > 0, 1, where(x < 0, -1, x)): NaN and +-0 come through as themselves."""
+    dtype = _out(eqn)[1]
+    one, zero = Const(1.0, dtype, ()), Const(0.0, dtype, ())
+    inner = _apply_select(eqn, _apply_binary(eqn, TOp.LT, x, zero), Const(-1.0, dtype, ()), x)
+    return _apply_select(eqn, _apply_binary(eqn, TOp.GT, x, zero), one, inner)
+
+
+def lift_select_n(eqn, which, *cases):
+    """jnp.where: select_n(c, false_case, true_case) is SELECT(c, true_case, false_case);
+    a constant predicate picks its case (jnp.var guards its divisor like this)."""
+    if isinstance(which, Const):
+        return _relabel(cases[int(which.value)], eqn, {j: j for j in range(len(_out(eqn)[0]))})
+    if len(cases) != 2:
+        raise _Unsupported(f"a select_n of {len(cases)} cases",
+                           hint="mugraph lifts two-way selects (jnp.where); nest them")
+    false, true = cases
+    return _leaky(eqn, which, false, true) or _softplus(eqn, which, false, true) or \
+        _apply_select(eqn, which, true, false)
 
 
 # ---- layout rules: relabelings -------------------------------------------------------------------
@@ -483,14 +712,6 @@ def lift_concatenate(eqn, *xs):
 
 
 # ---- constant-only folds: masks and predicates that do not depend on a tensor -------------------
-def lift_select_n(eqn, which, *cases):
-    """select_n with a constant predicate picks its case (jnp.var guards its divisor like this)."""
-    if not isinstance(which, Const):
-        raise _Unsupported("the predicate depends on a tensor",
-                           hint=UNSUPPORTED_HINTS["select_n"])
-    return _relabel(cases[int(which.value)], eqn, {j: j for j in range(len(_out(eqn)[0]))})
-
-
 def _fold_with(fn):
     def fold(eqn, *args):
         shape, dtype = _out(eqn)
@@ -504,7 +725,8 @@ FOLDS = {"eq": _fold_with(np.equal), "ne": _fold_with(np.not_equal), "lt": _fold
          "le": _fold_with(np.less_equal), "gt": _fold_with(np.greater),
          "ge": _fold_with(np.greater_equal), "and": _fold_with(np.logical_and),
          "or": _fold_with(np.logical_or), "not": _fold_with(np.logical_not),
-         "is_finite": _fold_with(np.isfinite)}
+         "is_finite": _fold_with(np.isfinite), "xor": _fold_with(np.logical_xor),
+         "sign": _fold_with(np.sign)}
 
 
 # ---- nested jaxprs -------------------------------------------------------------------------------
@@ -531,8 +753,12 @@ RULES = {
     "neg": _unary(TOp.NEG), "exp": _unary(TOp.EXP), "log": _unary(TOp.LOG),
     "sqrt": _unary(TOp.SQRT), "rsqrt": _unary(TOp.RSQRT), "square": _unary(TOp.SQUARE),
     "logistic": _unary(TOp.SIGMOID), "tanh": _unary(TOp.TANH), "erf": _unary(TOp.ERF),
-    "erfc": lift_erfc, "abs": lift_abs, "expm1": lift_expm1, "log1p": lift_log1p,
-    "exp2": lift_exp2, "integer_pow": lift_integer_pow,
+    "erfc": lift_erfc, "abs": _unary(TOp.ABS), "expm1": _unary(TOp.EXPM1),
+    "log1p": _unary(TOp.LOG1P), "exp2": lift_exp2, "integer_pow": lift_integer_pow,
+    "gt": _binary(TOp.GT), "ge": _binary(TOp.GE), "lt": _binary(TOp.LT), "le": _binary(TOp.LE),
+    "eq": _binary(TOp.EQ), "ne": _binary(TOp.NE), "is_finite": _unary(TOp.IS_FINITE),
+    "and": _logical(TOp.MUL), "or": _logical(TOp.MAX), "xor": _binary(TOp.NE), "not": lift_not,
+    "iota": lift_iota, "sign": lift_sign,
     "convert_element_type": lift_convert_element_type,
     "stop_gradient": lift_identity, "copy": lift_identity, "copy_p": lift_identity,
     "reduce_precision": lift_identity, "optimization_barrier": lift_identity,
@@ -554,21 +780,16 @@ UNSUPPORTED_HINTS = {
     "scatter_add": _INDEX_HINT, "dynamic_slice": _INDEX_HINT, "dynamic_update_slice": _INDEX_HINT,
     "slice": "mugraph's IR has no slicing; pass the sliced array as an argument",
     "pad": "mugraph's IR has no padding; pad outside the traced function",
-    "select_n": "jnp.where / masking has no IR op; for max(x, 0) use jax.nn.relu, for limits "
-                "use jnp.clip",
     "conv_general_dilated": "convolutions are not lifted; express the layer as a matmul "
                             "(e.g. a 1x1 convolution is x @ w)",
-    "iota": "index arrays have no IR op; pass them as an argument",
     "while": "loops are not lifted; unroll with a Python loop",
     "scan": "loops are not lifted; unroll with a Python loop",
     "cond": "control flow is not lifted; branch in Python outside the traced function",
     "reduce_prod": "only sum, max and min reductions are lifted",
 }
-for _cmp in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "is_finite"):
-    UNSUPPORTED_HINTS[_cmp] = ("comparisons and masks have no IR op; for max(x, 0) use "
-                               "jax.nn.relu, for limits use jnp.clip")
-_DEFAULT_HINT = ("mugraph lifts elementwise float math, sum/max/min reductions, matmuls and "
-                 "unit-dim layout changes; compute this part outside the traced function")
+_DEFAULT_HINT = ("mugraph lifts elementwise float math, comparisons and jnp.where, index arrays "
+                 "(iota), sum/max/min reductions, matmuls and unit-dim layout changes; compute "
+                 "this part outside the traced function")
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -605,19 +826,76 @@ def _closed_const(array) -> Const | Opaque:
     return Opaque(array.shape, array.dtype)
 
 
+_LAYOUT_PRIMITIVES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "transpose",
+                                "convert_element_type", "stop_gradient", "copy", "copy_p",
+                                "optimization_barrier", "select_n", "concatenate"})
+# what may make a mask (a bool tensor), and what an index tensor (integers, exact in float32)
+_MASK_PRIMITIVES = _LAYOUT_PRIMITIVES | {"eq", "ne", "lt", "le", "gt", "ge", "is_finite", "and",
+                                         "or", "not", "xor"}
+_INDEX_PRIMITIVES = _LAYOUT_PRIMITIVES | {"iota", "add", "sub", "mul", "neg", "max", "min", "abs",
+                                          "clamp"}
+
+
 def _check_operands(eqn, args) -> None:
-    """Tensors meet only lifted constants, and make only float tensors."""
+    """Tensors meet only lifted constants, and make float tensors, masks or exact indices."""
     if any(isinstance(a, Opaque) for a in args):
         raise _Unsupported("an operand is a constant array that is not uniform (closed over, or "
                            "built inside the function)",
                            hint="pass the array as an argument of the traced function")
-    if any(isinstance(a, View) for a in args):
-        for var in eqn.outvars:
-            dtype = np.dtype(var.aval.dtype)
-            if not jnp.issubdtype(dtype, jnp.floating):
-                raise _Unsupported(f"it makes a tensor of {dtype.name}",
-                                   hint="mugraph computes on float16/bfloat16/float32 tensors "
-                                        "only")
+    if not any(isinstance(a, View) for a in args) and eqn.primitive.name != "iota":
+        return
+    for var in eqn.outvars:
+        dtype = np.dtype(var.aval.dtype)
+        allowed = _MASK_PRIMITIVES if dtype == np.bool_ else \
+            _INDEX_PRIMITIVES if _is_index(dtype) else None
+        if allowed is not None and eqn.primitive.name not in allowed:
+            raise _Unsupported(f"it makes a tensor of {dtype.name}",
+                               hint="mugraph computes on float16/bfloat16/float32 tensors, with "
+                                    "boolean masks from comparisons and integer indices from "
+                                    "iota under +, -, *, max and min only")
+        if allowed is None and not jnp.issubdtype(dtype, jnp.floating):
+            raise _Unsupported(f"it makes a tensor of {dtype.name}",
+                               hint="mugraph computes on float16/bfloat16/float32 tensors only")
+
+
+def _check_indices(eqn, outs) -> None:
+    """Integer results are computed in float32: each must stay exact (|value| < 2^24)."""
+    limit = EXACT_INTEGERS[DType.FLOAT32]
+    for var, out in zip(eqn.outvars, outs):
+        if isinstance(out, View) and _is_index(np.dtype(var.aval.dtype)):
+            bound = _index_bound(out.node)
+            if bound >= limit:
+                raise _Unsupported(f"index arithmetic reaches {bound:g}, beyond the {limit} "
+                                   "float32 holds exactly",
+                                   hint="keep index expressions (iota, offsets, products) small")
+
+
+_BOUND_RULES = {
+    TOp.ADD: lambda a, b: a + b, TOp.SUB: lambda a, b: a + b, TOp.MUL: lambda a, b: a * b,
+    TOp.NEG: lambda a: a, TOp.ABS: lambda a: a, TOp.MAX: max, TOp.MIN: max,
+    TOp.CLAMP: lambda a: a, TOp.SELECT: lambda c, a, b: max(a, b),
+}
+
+
+def _index_bound(node: KNode, memo=None) -> float:
+    """An upper bound of |value| over an integer-valued node (inf where none is known)."""
+    memo = {} if memo is None else memo
+    if node in memo:
+        return memo[node]
+    if node.op is KOp.IOTA:
+        bound = float(node.shape[node.arg[1]] - 1)
+    elif node.op is KOp.CONSTANT:
+        bound = abs(node.arg[0])
+    elif node.op in PREDICATES:
+        bound = 1.0
+    elif node.op in KERNEL_LAYOUT:
+        bound = _index_bound(node.srcs[0], memo)
+    elif node.op in _BOUND_RULES:
+        bound = _BOUND_RULES[node.op](*(_index_bound(s, memo) for s in node.srcs))
+    else:
+        bound = math.inf
+    memo[node] = bound
+    return bound
 
 
 def lift_eqn(eqn, args, where: str | None = None) -> list:
@@ -643,9 +921,11 @@ def lift_eqn(eqn, args, where: str | None = None) -> list:
                                hint=UNSUPPORTED_HINTS.get(name, _DEFAULT_HINT))
         _check_operands(eqn, args)
         out = rule(eqn, *args)
+        out = out if isinstance(out, list) else [out]
+        _check_indices(eqn, out)
     except _Unsupported as e:
         raise _error(eqn, e, where) from None
-    return out if isinstance(out, list) else [out]
+    return out
 
 
 def _error(eqn, e: _Unsupported, where) -> UnsupportedOp:
@@ -802,7 +1082,9 @@ def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGr
         output_names = _check_names(output_names, len(nodes), "output_names")
     else:
         output_names = _dict_output_names(out_shape, len(nodes))
-    return KernelGraph(nodes, inputs=inputs, output_names=output_names)
+    graph = KernelGraph(nodes, inputs=inputs, output_names=output_names)
+    record_jax_origin(graph, fn, example_args)  # the float test compares with jax.jit(fn)
+    return graph
 
 
 def _dict_output_names(out_shape, count: int):

@@ -135,6 +135,25 @@ class _Node(_Interned):
     def tanh(self): return type(self)(TOp.TANH, (self,))
     def erf(self): return type(self)(TOp.ERF, (self,))
     def clamp(self, lo: float, hi: float): return type(self)(TOp.CLAMP, (self,), (float(lo), float(hi)))
+    def abs(self): return type(self)(TOp.ABS, (self,))
+    def log1p(self): return type(self)(TOp.LOG1P, (self,))
+    def expm1(self): return type(self)(TOp.EXPM1, (self,))
+    def softplus(self): return type(self)(TOp.SOFTPLUS, (self,))
+    def is_finite(self): return type(self)(TOp.IS_FINITE, (self,))
+    def leaky_relu(self, slope): return self._binary(TOp.LEAKY_RELU, slope)
+
+    # ---- builder: predicates (0/1 masks; Python's == and < stay identity and ordering-free) -----
+    def gt(self, o): return self._binary(TOp.GT, o)
+    def ge(self, o): return self._binary(TOp.GE, o)
+    def lt(self, o): return self._binary(TOp.LT, o)
+    def le(self, o): return self._binary(TOp.LE, o)
+    def eq(self, o): return self._binary(TOp.EQ, o)
+    def ne(self, o): return self._binary(TOp.NE, o)
+
+    def select(self, a, b):
+        """`a` where this mask is nonzero, else `b` (jnp.where(mask, a, b)); numbers are lifted."""
+        like = a if isinstance(a, type(self)) else b if isinstance(b, type(self)) else self
+        return type(self)(TOp.SELECT, (self, like._lift(a), like._lift(b)))
 
     # ---- builder: reductions ------------------------------------------------------------------
     def _dim(self, dim: int) -> int:
@@ -207,6 +226,13 @@ def kernel_input(name: str, shape, dtype="float16") -> KNode:
 def kernel_constant(value: float, shape=(1,), dtype="float32") -> KNode:
     """A tensor filled with one scalar value (broadcast where it is used)."""
     return KNode(KOp.CONSTANT, (), (float(value), tuple(int(d) for d in shape), DType.parse(dtype)))
+
+
+def kernel_iota(shape, dim: int, dtype="float32") -> KNode:
+    """A tensor whose every element is its own index along `dim` (0, 1, 2, ...)."""
+    shape = tuple(int(d) for d in shape)
+    dim = dim + len(shape) if isinstance(dim, int) and -len(shape) <= dim < 0 else dim
+    return KNode(KOp.IOTA, (), (shape, dim, DType.parse(dtype)))
 
 
 def concat(nodes, dim: int) -> KNode:

@@ -4,6 +4,13 @@ The thread level (`TOp`) is the elementwise math that every level shares: a kern
 block node whose op is a `TOp` applies it to whole tensors or tiles. `KOp` and `BOp` hold the
 structural ops of the kernel and block levels. Each op's meaning lives in tables keyed by these
 enums (`shapes.py`, `semantics.py`, and the verify/codegen columns).
+
+Predicates are float masks: a comparison or IS_FINITE yields exactly 1.0 (true) or 0.0 (false)
+in its operands' dtype, and SELECT(c, a, b) takes a where c != 0 and b elsewhere. A mask is a
+value like any other (JAX's `mask.astype(x.dtype) * x` is a MUL, `and` a MUL, `not` a 1 - c),
+so no boolean dtype runs through the dtype rules, the JSON schema, codegen and the cost model;
+SELECT itself is a true select everywhere floats are computed (never c*a + (1-c)*b, which would
+let a NaN or inf of the branch not taken leak into the result).
 """
 from __future__ import annotations
 
@@ -33,13 +40,27 @@ class TOp(Enum):
     POW = "pow"
     MAX = "max"
     MIN = "min"
+    ABS = "abs"
+    LOG1P = "log1p"            # log(1 + x), accurate near 0
+    EXPM1 = "expm1"            # exp(x) - 1, accurate near 0
+    SOFTPLUS = "softplus"      # log(1 + exp(x)) = jax.nn.softplus = logaddexp(x, 0)
+    LEAKY_RELU = "leaky_relu"  # (x, slope): x where x >= 0, else slope * x (a tensor slope: PReLU)
+    GT = "gt"                  # comparisons: 1.0 where true, 0.0 where false (NaN: false, but ne)
+    GE = "ge"
+    LT = "lt"
+    LE = "le"
+    EQ = "eq"
+    NE = "ne"
+    IS_FINITE = "is_finite"    # 1.0 where x is neither inf nor NaN
+    SELECT = "select"          # (c, a, b): a where c != 0, else b (jnp.where(c, a, b))
 
 
 class KOp(Enum):
     """Structural ops of the kernel level (tensors in device memory)."""
 
     INPUT = "input"            # arg: (name, shape, dtype)
-    CONSTANT = "constant"      # arg: (value, shape, dtype)
+    CONSTANT = "constant"      # arg: (value, shape, dtype); value may be +-inf or NaN
+    IOTA = "iota"              # arg: (shape, dim, dtype): each element is its index along dim
     MATMUL = "matmul"          # [..., M, K] @ [..., K, N]
     REDUCE_SUM = "reduce_sum"  # arg: dim (keepdim)
     REDUCE_MAX = "reduce_max"  # arg: dim (keepdim)
@@ -67,17 +88,23 @@ class BOp(Enum):
     ACC_MAX_LAST = "acc_max_last"          # running max of the last dim's max
     ACC_SUM_RESCALE = "acc_sum_rescale"    # (x, m): acc = acc * exp(m_prev - m) + x
     ACC_SUM_LAST_RESCALE = "acc_sum_last_rescale"  # (x, m): ... + sum(x, last)
+    THREAD = "thread"          # arg: TNode, a DAG of elementwise ops over the operands (ir/thread.py)
 
 
 UNARY = frozenset({TOp.EXP, TOp.LOG, TOp.SQUARE, TOp.SQRT, TOp.RSQRT, TOp.SILU, TOp.GELU,
-                   TOp.RELU, TOp.SIGMOID, TOp.TANH, TOp.ERF, TOp.NEG, TOp.CLAMP})
-BINARY = frozenset({TOp.ADD, TOp.SUB, TOp.MUL, TOp.DIV, TOp.POW, TOp.MAX, TOp.MIN})
-COMMUTATIVE = frozenset({TOp.ADD, TOp.MUL, TOp.MAX, TOp.MIN})
+                   TOp.RELU, TOp.SIGMOID, TOp.TANH, TOp.ERF, TOp.NEG, TOp.CLAMP, TOp.ABS,
+                   TOp.LOG1P, TOp.EXPM1, TOp.SOFTPLUS, TOp.IS_FINITE})
+BINARY = frozenset({TOp.ADD, TOp.SUB, TOp.MUL, TOp.DIV, TOp.POW, TOp.MAX, TOp.MIN,
+                    TOp.LEAKY_RELU, TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
+TERNARY = frozenset({TOp.SELECT})
+COMMUTATIVE = frozenset({TOp.ADD, TOp.MUL, TOp.MAX, TOp.MIN, TOp.EQ, TOp.NE})
 PARAMETRIC = frozenset({TOp.CLAMP})
+COMPARISONS = frozenset({TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
+PREDICATES = COMPARISONS | {TOp.IS_FINITE}   # ops whose values are 0/1 masks
 
 KERNEL_REDUCE = frozenset({KOp.REDUCE_SUM, KOp.REDUCE_MAX})
 KERNEL_LAYOUT = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST})
-KERNEL_LEAF = frozenset({KOp.INPUT, KOp.CONSTANT})
+KERNEL_LEAF = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.IOTA})
 
 BLOCK_REDUCE = frozenset({BOp.REDUCE_SUM, BOp.REDUCE_MAX})
 BLOCK_LEAF = frozenset({BOp.INPUT, BOp.CONSTANT})
@@ -90,6 +117,31 @@ LAST_DIM_ACCUMULATORS = frozenset({BOp.ACC_SUM_LAST, BOp.ACC_RMS_LAST, BOp.ACC_M
 
 KernelOpT = KOp | TOp
 BlockOpT = BOp | TOp
+
+
+_MASK_PRESERVING = frozenset({TOp.MUL, TOp.MAX, TOp.MIN})   # and, or, and of 0/1 masks
+
+
+def is_mask(node, leaf=lambda n: False) -> bool:
+    """Whether `node` (a kernel or block node) is a 0/1 mask by construction: a comparison or
+    IS_FINITE, and/or/not of masks (MUL/MAX/MIN of masks, 1 - mask), a select between masks.
+    `leaf(node)` answers for leaves (e.g. a block input tiling a mask). The enumerators take
+    SELECT predicates from masks only: any float can be one, but a spec's never is anything else.
+    """
+    op = node.op
+    if op in PREDICATES:
+        return True
+    if op in (KOp.CONSTANT, BOp.CONSTANT):
+        return node.arg[0] in (0.0, 1.0)
+    if op in _MASK_PRESERVING:
+        return all(is_mask(s, leaf) for s in node.srcs)
+    if op is TOp.SUB:
+        first = node.srcs[0]
+        return first.op in (KOp.CONSTANT, BOp.CONSTANT) and first.arg[0] == 1.0 and \
+            is_mask(node.srcs[1], leaf)
+    if op is TOp.SELECT:
+        return is_mask(node.srcs[1], leaf) and is_mask(node.srcs[2], leaf)
+    return not node.srcs and leaf(node)
 
 
 def op_by_name(name: str, level: str):

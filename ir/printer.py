@@ -25,6 +25,8 @@ def _arg(node) -> str:
         return f"{arg[0]:g}, {arg[1]:g}"
     if op in (KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST):
         return ",".join(map(str, arg))
+    if op is KOp.IOTA:
+        return f"dim={arg[1]}"
     return str(arg)
 
 

@@ -18,6 +18,11 @@ from mugraph.ir.ops import TOp
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
+
+def _mask(truth: np.ndarray, *operands) -> np.ndarray:
+    """A predicate as the 0/1 float mask the IR computes with (in the operands' float type)."""
+    return truth.astype(np.result_type(*operands, np.float32))
+
 NUMPY_ELEMENTWISE = {
     TOp.EXP: lambda x, arg: np.exp(x),
     TOp.LOG: lambda x, arg: np.log(x),
@@ -39,6 +44,19 @@ NUMPY_ELEMENTWISE = {
     TOp.POW: lambda x, y, arg: np.power(x, y),
     TOp.MAX: lambda x, y, arg: np.maximum(x, y),
     TOp.MIN: lambda x, y, arg: np.minimum(x, y),
+    TOp.ABS: lambda x, arg: np.abs(x),
+    TOp.LOG1P: lambda x, arg: np.log1p(x),
+    TOp.EXPM1: lambda x, arg: np.expm1(x),
+    TOp.SOFTPLUS: lambda x, arg: np.logaddexp(x, 0.0),
+    TOp.LEAKY_RELU: lambda x, slope, arg: np.where(x >= 0, x, slope * x),
+    TOp.GT: lambda x, y, arg: _mask(np.greater(x, y), x, y),
+    TOp.GE: lambda x, y, arg: _mask(np.greater_equal(x, y), x, y),
+    TOp.LT: lambda x, y, arg: _mask(np.less(x, y), x, y),
+    TOp.LE: lambda x, y, arg: _mask(np.less_equal(x, y), x, y),
+    TOp.EQ: lambda x, y, arg: _mask(np.equal(x, y), x, y),
+    TOp.NE: lambda x, y, arg: _mask(np.not_equal(x, y), x, y),
+    TOp.IS_FINITE: lambda x, arg: _mask(np.isfinite(x), x),
+    TOp.SELECT: lambda c, a, b, arg: np.where(c != 0, a, b),
 }
 
 

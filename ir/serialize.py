@@ -5,6 +5,8 @@ Schema (version 1)::
     {"format": "mugraph.kernel_graph", "version": 1,
      "inputs": [node ids], "outputs": [node ids], "output_names": [...],
      "nodes": [{"op": "input", "arg": {"name", "shape", "dtype"}},
+               {"op": "constant", "arg": {"value": 0.5 | "inf" | "-inf", "shape", "dtype"}},
+               {"op": "iota", "arg": {"shape", "dim", "dtype"}},
                {"op": "matmul", "srcs": [0, 1]},
                {"op": "custom", "srcs": [...], "arg": {"block_graph": 0, "output": 0}}, ...],
      "block_graphs": [{"grid": [x,y,z], "threads": 128, "forloop": F,
@@ -25,6 +27,7 @@ from mugraph.ir.errors import InvalidGraph, MugraphError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import BNode, KNode
 from mugraph.ir.ops import BOp, KOp, TOp, op_by_name
+from mugraph.ir.thread import from_entries, to_entries
 
 FORMAT = "mugraph.kernel_graph"
 VERSION = 1
@@ -38,7 +41,9 @@ def _arg_json(node, block_ids) -> object:
     if op is KOp.INPUT:
         return {"name": arg[0], "shape": list(arg[1]), "dtype": arg[2].value}
     if op in (KOp.CONSTANT, BOp.CONSTANT):
-        return {"value": arg[0], "shape": list(arg[1]), "dtype": arg[2].value}
+        return {"value": _number_json(arg[0]), "shape": list(arg[1]), "dtype": arg[2].value}
+    if op is KOp.IOTA:
+        return {"shape": list(arg[0]), "dim": arg[1], "dtype": arg[2].value}
     if op is KOp.CUSTOM:
         return {"block_graph": block_ids[arg[0]], "output": arg[1]}
     if op is BOp.INPUT:
@@ -48,9 +53,20 @@ def _arg_json(node, block_ids) -> object:
         return {"dim": arg[0], "eps": arg[1]}
     if op is TOp.CLAMP:
         return {"lo": arg[0], "hi": arg[1]}
+    if op is BOp.THREAD:
+        return to_entries(arg)
     if isinstance(arg, tuple):
         return list(arg)
     return arg
+
+
+_NON_FINITE = {"inf": float("inf"), "-inf": float("-inf")}
+
+
+def _number_json(value: float):
+    """A float, or "inf" / "-inf" (strict JSON has no infinities)."""
+    return value if value == value and abs(value) != float("inf") else \
+        ("inf" if value > 0 else "-inf")
 
 
 def _nodes_json(nodes, block_ids) -> tuple[list, dict]:
@@ -145,9 +161,12 @@ def _at(e: InvalidGraph, field: str) -> InvalidGraph:
 
 def _scalar_arg(op, arg, field):
     if op in (KOp.CONSTANT, BOp.CONSTANT):
-        return (float(_get(arg, "value", (int, float), field)),
+        return (_number(_get(arg, "value", (int, float, str), field), f"{field}.value"),
                 _ints(_get(arg, "shape", list, field), f"{field}.shape"),
                 _dtype(_get(arg, "dtype", str, field), f"{field}.dtype"))
+    if op is KOp.IOTA:
+        return (_ints(_get(arg, "shape", list, field), f"{field}.shape"),
+                _get(arg, "dim", int, field), _dtype(_get(arg, "dtype", str, field), f"{field}.dtype"))
     if op in (KOp.RMS_NORM, BOp.RMS_NORM):
         return (_get(arg, "dim", int, field), float(_get(arg, "eps", (int, float), field)))
     if op is TOp.CLAMP:
@@ -158,9 +177,25 @@ def _scalar_arg(op, arg, field):
         return arg
     if op in (KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST):
         return _ints(arg, field)
+    if op is BOp.THREAD:
+        try:
+            return from_entries(arg)
+        except InvalidGraph as e:
+            raise _at(e, f"{field}{e.field and '.' + e.field or ''}") from None
     if arg is not None:
         raise InvalidGraph(f"{op.value} takes no argument", field=field)
     return None
+
+
+def _number(value, field) -> float:
+    if isinstance(value, bool):
+        raise InvalidGraph(f"expected a number, got {json.dumps(value)}", field=field)
+    if isinstance(value, str):
+        if value not in _NON_FINITE:
+            raise InvalidGraph(f"expected a number, \"inf\" or \"-inf\", got {json.dumps(value)[:40]}",
+                               field=field)
+        return _NON_FINITE[value]
+    return float(value)
 
 
 def _build(cls, op, srcs, arg, field):

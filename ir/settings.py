@@ -21,6 +21,30 @@ class Knob:
     doc: str
 
 
+GPU_TARGETS = ("a100", "h100", "h200")   # the cost model's targets (search/targets.py)
+
+
+def _target(text: str) -> str:
+    name = text.strip().lower()
+    if name not in GPU_TARGETS:
+        raise ValueError(text)
+    return name
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
@@ -31,16 +55,18 @@ def _bool(text: str) -> bool:
 
 KNOBS = {
     "cache_dir": Knob("MUGRAPH_CACHE_DIR", str(Path.home() / ".cache" / "mugraph"), str,
-                      "where compiled kernels, CPU-harness builds and search results are cached"),
-    "debug": Knob("MUGRAPH_DEBUG", 0, int, "0 quiet, 1 progress details, 2 dump intermediate IR"),
-    "progress": Knob("MUGRAPH_PROGRESS", True, _bool, "show progress on long work (search, regen)"),
-    "cpu_workers": Knob("MUGRAPH_CPU_WORKERS", 0, int,
+                      "where mugraph keeps its on-disk caches (compiled kernels, CPU-harness builds)"),
+    "progress": Knob("MUGRAPH_PROGRESS", True, _bool, "show progress while a search runs"),
+    "cpu_workers": Knob("MUGRAPH_CPU_WORKERS", 0, _count,
                         "OS threads of the CPU harness (0: one per core)"),
-    "search_seconds": Knob("MUGRAPH_SEARCH_SECONDS", 300.0, float,
-                           "default search budget in seconds"),
+    "search_seconds": Knob("MUGRAPH_SEARCH_SECONDS", 300.0, _seconds,
+                           "search budget in seconds when none is given (superoptimize, jit, "
+                           "`mugraph search`)"),
     "z3_rlimit": Knob("MUGRAPH_Z3_RLIMIT", 200_000, int,
                       "deterministic Z3 resource limit per query (never wall-clock)"),
-    "target": Knob("MUGRAPH_TARGET", "h100", str, "default GPU for the cost model: a100, h100, h200"),
+    "target": Knob("MUGRAPH_TARGET", "h100", _target,
+                   "GPU the cost model ranks for when none is given (superoptimize, jit, "
+                   "`mugraph search`): a100, h100, h200"),
 }
 
 

@@ -5,11 +5,9 @@ A rule takes the sources (anything with `.shape` and `.dtype`) and the op's argu
 """
 from __future__ import annotations
 
-import math
-
 from mugraph.ir.dtypes import DType, promote
 from mugraph.ir.errors import InvalidGraph, ShapeError
-from mugraph.ir.ops import BINARY, BOp, KOp, TOp, UNARY
+from mugraph.ir.ops import BINARY, BOp, KOp, TERNARY, TOp, UNARY
 
 MAX_RANK = 4
 
@@ -64,12 +62,27 @@ def _unary(op, srcs, arg):
     return srcs[0].shape, srcs[0].dtype
 
 
+def _no_arg(op, arg):
+    if arg is not None:
+        raise InvalidGraph(f"{op.value} takes no argument, got {arg!r}")
+
+
 def _binary(op, srcs, arg):
     _arity(op, srcs, 2)
+    _no_arg(op, arg)
     return broadcast(op, srcs[0].shape, srcs[1].shape), promote(srcs[0].dtype, srcs[1].dtype)
 
 
-ELEMENTWISE_SHAPE = {op: _unary for op in UNARY} | {op: _binary for op in BINARY}
+def _select(op, srcs, arg):
+    """select(c, a, b): the three shapes broadcast; the dtype is the branches' (c is a mask)."""
+    _arity(op, srcs, 3)
+    _no_arg(op, arg)
+    c, a, b = srcs
+    return broadcast(op, c.shape, broadcast(op, a.shape, b.shape)), promote(a.dtype, b.dtype)
+
+
+ELEMENTWISE_SHAPE = {op: _unary for op in UNARY} | {op: _binary for op in BINARY} | \
+    {op: _select for op in TERNARY}
 
 
 # ---- leaves, matmul, reductions (both levels) -----------------------------------------------------
@@ -78,9 +91,9 @@ def _constant(op, srcs, arg):
     if not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], float)
             and isinstance(arg[2], DType)):
         raise InvalidGraph(f"constant needs (value, shape, dtype), got {arg!r}")
-    if not math.isfinite(arg[0]):
-        raise InvalidGraph(f"constant value {arg[0]!r} is not finite",
-                           hint="constants must be finite floats")
+    if arg[0] != arg[0]:  # NaN: equal to nothing, it would defeat interning and caches
+        raise InvalidGraph("constant value nan is not allowed",
+                           hint="constants are floats or +-inf; NaN is no value to compute with")
     return check_shape(arg[1], "constant"), arg[2]
 
 
@@ -123,6 +136,26 @@ def _input(op, srcs, arg):
             and isinstance(arg[2], DType)):
         raise InvalidGraph(f"input needs (name, shape, dtype), got {arg!r}")
     return check_shape(arg[1], f"input {arg[0]!r}"), arg[2]
+
+
+# The largest extent whose indices a dtype holds exactly (2^(mantissa bits + 1)).
+EXACT_INTEGERS = {DType.FLOAT32: 1 << 24, DType.FLOAT16: 1 << 11, DType.BFLOAT16: 1 << 8}
+
+
+def _iota(op, srcs, arg):
+    _arity(op, srcs, 0)
+    if not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[2], DType)):
+        raise InvalidGraph(f"iota needs (shape, dim, dtype), got {arg!r}")
+    shape = check_shape(arg[0], "iota")
+    dim = arg[1]
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < len(shape):
+        raise ShapeError(f"iota along dim {dim!r} of shape {_fmt(shape)}",
+                         hint="dims are counted from 0")
+    if shape[dim] > EXACT_INTEGERS[arg[2]]:
+        raise ShapeError(f"iota of extent {shape[dim]} in {arg[2].value}: indices above "
+                         f"{EXACT_INTEGERS[arg[2]]} are not exact in that dtype",
+                         hint="use a float32 iota")
+    return shape, arg[2]
 
 
 def _concat(op, srcs, arg):
@@ -192,7 +225,7 @@ def _custom(op, srcs, arg):
 
 
 KERNEL_SHAPE = {
-    KOp.INPUT: _input, KOp.CONSTANT: _constant, KOp.MATMUL: _kernel_matmul,
+    KOp.INPUT: _input, KOp.CONSTANT: _constant, KOp.IOTA: _iota, KOp.MATMUL: _kernel_matmul,
     KOp.REDUCE_SUM: _reduce, KOp.REDUCE_MAX: _reduce, KOp.RMS_NORM: _rms_norm,
     KOp.CONCAT: _concat, KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape,
     KOp.BROADCAST: _broadcast, KOp.CUSTOM: _custom,
@@ -259,7 +292,13 @@ BLOCK_SHAPE = {
     BOp.ACC_SUM: _accumulate, BOp.ACC_SUM_LAST: _accumulate, BOp.ACC_RMS_LAST: _accumulate,
     BOp.ACC_MAX: _accumulate, BOp.ACC_MAX_LAST: _accumulate,
     BOp.ACC_SUM_RESCALE: _rescale, BOp.ACC_SUM_LAST_RESCALE: _rescale,
+    BOp.THREAD: lambda op, srcs, arg: _thread_shape(op, srcs, arg),
 } | {op: _f32(rule) for op, rule in ELEMENTWISE_SHAPE.items()}
+
+
+def _thread_shape(op, srcs, arg):
+    from mugraph.ir.thread import thread_shape
+    return thread_shape(op, srcs, arg)
 
 
 def infer_kernel(op, srcs, arg):

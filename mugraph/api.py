@@ -65,10 +65,14 @@ class Kernel:
         return f"Kernel({self.graph!r})"
 
 
-def superoptimize(fn_or_graph, *example_args, config=None, target: str = "h100",
+def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = None,
                   progress=None) -> Kernel:
-    """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel."""
-    from mugraph.search import SearchConfig, search
+    """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel.
+
+    Without a `config`, the search budget is $MUGRAPH_SEARCH_SECONDS (default 300 s); `target`
+    defaults to the config's, else $MUGRAPH_TARGET (default h100).
+    """
+    from mugraph.search import search
     if isinstance(fn_or_graph, KernelGraph):
         if example_args:
             raise InvalidInput("superoptimize(graph) takes no example arguments",
@@ -79,13 +83,22 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str = "h100",
     else:
         raise InvalidInput(f"superoptimize takes a JAX function or a KernelGraph, got "
                            f"{type(fn_or_graph).__name__}")
-    config = (config or SearchConfig()).replace(target=target) if config is None or \
-        config.target != target else config
+    config = _config(config, target)
     result = search(spec, config, progress=progress)
-    return Kernel(result.best, spec, result, target)
+    return Kernel(result.best, spec, result, config.target)
 
 
-def jit(fn=None, *, config=None, target: str = "h100"):
+def _config(config, target: str | None):
+    """The search config: the given one (its target replaced by `target` if given), else the
+    defaults with the budget and target from the settings."""
+    from mugraph.ir.settings import settings
+    from mugraph.search import SearchConfig
+    if config is None:
+        config = SearchConfig(budget_seconds=settings.search_seconds, target=settings.target)
+    return config if target is None or config.target == target else config.replace(target=target)
+
+
+def jit(fn=None, *, config=None, target: str | None = None):
     """Compile `fn` on first call per input shapes; without a GPU, run `fn` itself (warned once)."""
     if fn is None:
         return functools.partial(jit, config=config, target=target)

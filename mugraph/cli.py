@@ -71,11 +71,10 @@ def cmd_regen(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from mugraph.search import SearchConfig, search
+    from mugraph.search import search
     from mugraph.search.executors import make_executor
     name, spec, w = _load_program(args.target)
-    config = SearchConfig(budget_seconds=args.budget, target=args.target_gpu, workers=args.workers,
-                          seed=args.seed, max_kernel_ops=args.max_kernel_ops)
+    config = _search_config(args)
     if args.small and w is not None:
         spec = w.small().spec()
     if args.out:
@@ -96,6 +95,16 @@ def cmd_search(args) -> int:
     if args.out:
         _write_result(result, args.out, config)
     return 0
+
+
+def _search_config(args):
+    """--budget and --target-gpu, else $MUGRAPH_SEARCH_SECONDS and $MUGRAPH_TARGET."""
+    from mugraph.ir.settings import settings
+    from mugraph.search import SearchConfig
+    budget = settings.search_seconds if args.budget is None else args.budget
+    gpu = settings.target if args.target_gpu is None else args.target_gpu
+    return SearchConfig(budget_seconds=budget, target=gpu, workers=args.workers, seed=args.seed,
+                        max_kernel_ops=args.max_kernel_ops)
 
 
 def _prepare_out(folder: str):
@@ -154,8 +163,9 @@ def main(argv=None) -> int:
     p.set_defaults(run=cmd_verify)
     p = sub.add_parser("search", help="search for the best verified μGraph of a program")
     p.add_argument("target", help="a workload name, a graph .json file, or FILE.py:FUNCTION")
-    p.add_argument("--budget", type=float, default=300.0, help="seconds of search (default 300); the winner's check at the real shapes comes on top")
-    p.add_argument("--target-gpu", default="h100", choices=("a100", "h100", "h200"))
+    p.add_argument("--budget", type=float, default=None, help="seconds of search (default: $MUGRAPH_SEARCH_SECONDS, else 300); the winner's check at the real shapes comes on top")
+    p.add_argument("--target-gpu", default=None, choices=("a100", "h100", "h200"),
+                   help="GPU the cost model ranks for (default: $MUGRAPH_TARGET, else h100)")
     p.add_argument("--workers", type=int, default=1, help="processes (default 1: in-process)")
     p.add_argument("--executor", choices=("in-process", "process-pool", "dask"), default=None,
                    help="where tasks run (default: in-process for 1 worker, else a process pool)")

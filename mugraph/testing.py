@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mugraph import ir
 from mugraph.ir import BOp, BlockGraph, DType, KernelGraph, KNode, TOp
-from mugraph.ir.ops import BINARY, LAST_DIM_ACCUMULATORS, UNARY
+from mugraph.ir.ops import BINARY, COMPARISONS, LAST_DIM_ACCUMULATORS, TERNARY, UNARY
 
 __all__ = ["ACCUMULATORS_BY_KIND", "BLOCK_KINDS", "KERNEL_OPS", "Scheduled", "assert_equivalent",
            "block_schedules", "divisors", "grid_maps", "input_arrays", "kernel_graphs",
@@ -146,9 +146,15 @@ def _clamped(node: KNode, bound: float, limit: float) -> tuple[KNode, float]:
 
 def _unary_step(pool: _Pool, x: KNode, op: TOp) -> None:
     b = pool.bound[x]
-    if op is TOp.EXP:
+    if op in (TOp.EXP, TOp.EXPM1):
         x, b = _clamped(x, b, _EXP_IN)
-        pool.add(x.exp(), math.exp(b))
+        pool.add(ir.KNode(op, (x,)), math.exp(b))
+    elif op is TOp.LOG1P:  # defined on x^2 >= 0
+        pool.add(x.square().log1p(), math.log1p(b * b))
+    elif op is TOp.SOFTPLUS:
+        pool.add(x.softplus(), b + 1.0)
+    elif op is TOp.IS_FINITE:
+        pool.add(x.is_finite(), 1.0)
     elif op in (TOp.LOG, TOp.SQRT, TOp.RSQRT):  # defined on x^2 + 1 >= 1
         pos = x.square() + 1.0
         value = {TOp.LOG: pos.log, TOp.SQRT: pos.sqrt, TOp.RSQRT: pos.rsqrt}[op]()
@@ -161,7 +167,7 @@ def _unary_step(pool: _Pool, x: KNode, op: TOp) -> None:
         pool.add(x.clamp(lo, lo + pool.draw(st.sampled_from((0.5, 1.0, 3.0)))), min(b, 3.0))
     elif op in (TOp.SIGMOID, TOp.TANH, TOp.ERF):
         pool.add(ir.KNode(op, (x,)), 1.0)
-    else:  # silu, gelu, relu, neg: |f(x)| <= |x| + small
+    else:  # silu, gelu, relu, neg, abs: |f(x)| <= |x| + small
         pool.add(ir.KNode(op, (x,)), b + 0.2)
 
 
@@ -190,6 +196,12 @@ def _binary_step(pool: _Pool, a: KNode, op: TOp) -> None:
         pool.add(base ** exponent, 1.5 ** 3)
     elif op is TOp.MUL:
         pool.add(a * other, b * ob)
+    elif op is TOp.LEAKY_RELU:  # x where x >= 0, else slope * x
+        pool.add(a.leaky_relu(other), b * max(1.0, ob))
+    elif op in COMPARISONS:  # a 0/1 mask
+        pool.add(ir.KNode(op, (a, a._lift(other))), 1.0)
+    elif op is TOp.SELECT:  # where(a > other, a, other)
+        pool.add(a.gt(other).select(a, other), max(b, ob))
     elif op in (TOp.MAX, TOp.MIN):
         pool.add(a.maximum(other) if op is TOp.MAX else a.minimum(other), max(b, ob))
     else:
@@ -213,7 +225,7 @@ def _step(pool: _Pool, kind: str) -> None:
     if kind == "unary":
         _unary_step(pool, a, draw(st.sampled_from(sorted(UNARY, key=lambda o: o.value))))
     elif kind == "binary":
-        _binary_step(pool, a, draw(st.sampled_from(sorted(BINARY, key=lambda o: o.value))))
+        _binary_step(pool, a, draw(st.sampled_from(sorted(BINARY | TERNARY, key=lambda o: o.value))))
     elif kind in ("reduce_sum", "reduce_max"):
         dim = draw(st.integers(0, a.rank - 1))
         pool.add(a.sum(dim), a.shape[dim] * pool.bound[a]) if kind == "reduce_sum" \

@@ -173,7 +173,8 @@ def _attention_kernel1(Q, K, V, splits, forloop, row_tiles, scores):
 
 
 def _combine_rows(q_rows) -> int:
-    return 16 if q_rows % 16 == 0 else q_rows
+    """Query rows per combine block: few, so that the combine's many small reads spread over every SM."""
+    return 4 if q_rows % 4 == 0 else q_rows
 
 
 def _plain_attention_reference(shapes, scores) -> KernelGraph:
@@ -181,16 +182,16 @@ def _plain_attention_reference(shapes, scores) -> KernelGraph:
     splits, forloop, row_tiles = _split_kv(shapes)
     b, s, v = _attention_kernel1(Q, K, V, splits, forloop, row_tiles, scores)
     e = s.exp()
-    o_part, l_part = b.finish([((e @ v).acc_sum(), (0, 2, 1)), (e.acc_sum_last(), (0, 2, 1))])
+    o_part, l_part = b.finish([((e @ v).acc_sum(), (0, 2, 1), "float32"), (e.acc_sum_last(), (0, 2, 1), "float32")])
     rows = _combine_rows(Q.shape[1])
     c = ir.BlockBuilder(grid=(Q.shape[0], Q.shape[1] // rows, 1), forloop=splits)
     o = c.input(o_part, imap=(0, 1, None), fmap=2).acc_sum()
     l = c.input(l_part, imap=(0, 1, None), fmap=2).acc_sum()
-    return ir.KernelGraph(c.finish([(o / l, (0, 1, None))]), [Q, K, V])
+    return ir.KernelGraph(c.finish([(o / l, (0, 1, None), "float16")]), [Q, K, V])
 
 
 def gqa_reference(shapes) -> KernelGraph:
-    """FlashDecoding split-KV: kernel 1 writes per-split partial P·V and row sums; kernel 2 combines."""
+    """FlashDecoding split-KV: kernel 1 writes per-split partial P·V and row sums in fp32; kernel 2 combines."""
     return _plain_attention_reference(shapes, lambda q, k: q @ k)
 
 
@@ -207,15 +208,15 @@ def gqa_safe_reference(shapes) -> KernelGraph:
     b, s, v = _attention_kernel1(Q, K, V, splits, forloop, row_tiles, lambda q, k: q @ k)
     m = s.acc_max_last()
     e = (s - m).exp()
-    parts = b.finish([((e @ v).acc_sum_rescale(m), (0, 2, 1)),
-                      (e.acc_sum_last_rescale(m), (0, 2, 1)), (m, (0, 2, 1), "float32")])
+    parts = b.finish([((e @ v).acc_sum_rescale(m), (0, 2, 1), "float32"),
+                      (e.acc_sum_last_rescale(m), (0, 2, 1), "float32"), (m, (0, 2, 1), "float32")])
     rows = _combine_rows(Q.shape[1])
     c = ir.BlockBuilder(grid=(Q.shape[0], Q.shape[1] // rows, 1), forloop=splits)
     o_t, l_t, m_t = (c.input(p, imap=(0, 1, None), fmap=2) for p in parts)
     mm = m_t.acc_max()
     w = (m_t - mm).exp()
     out = (o_t * w).acc_sum_rescale(mm) / (l_t * w).acc_sum_rescale(mm)
-    return ir.KernelGraph(c.finish([(out, (0, 1, None))]), [Q, K, V])
+    return ir.KernelGraph(c.finish([(out, (0, 1, None), "float16")]), [Q, K, V])
 
 
 def ntrans_reference(shapes) -> KernelGraph:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, Phase
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
-                            RUNNING_ACCUMULATORS, TOp, UNARY)
+                            RUNNING_ACCUMULATORS, TERNARY, TOp, UNARY, is_mask)
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
@@ -40,6 +40,8 @@ def _shapes_may_fit(op, srcs) -> bool:
     the node's own inference stays the judge of everything else."""
     if op in BINARY or op in RESCALE_ACCUMULATORS:
         return _broadcastable(srcs[0].shape, srcs[1].shape)
+    if op in TERNARY:
+        return all(_broadcastable(a.shape, b.shape) for a, b in itertools.combinations(srcs, 2))
     if op is BOp.MATMUL:
         a, b = srcs[0].shape, srcs[1].shape
         return len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2] and _broadcastable(a[:-2], b[:-2])
@@ -222,6 +224,14 @@ class BlockEnumerator:
                         if (pa < 0 and pb < 0) or (commutative and pa > pb) or max(pa, pb) < newest:
                             continue
                         yield rank, op, (a, b), None, (pa, pb)
+            elif op in TERNARY:  # select(c, a, b): c a tile, a and b tiles or constants
+                operands = values + self.constants
+                for c in (v for v in values if is_mask(v, self._mask_tile)):
+                    for a in operands:
+                        for b in operands:
+                            idx = (pos[c], pos[a], pos[b])
+                            if max(idx) >= newest and a is not b:
+                                yield rank, op, (c, a, b), None, idx
             elif op is BOp.MATMUL:
                 for a in values:
                     for b in values:
@@ -247,6 +257,10 @@ class BlockEnumerator:
             elif op in ACCUMULATORS:
                 for a in fresh:
                     yield rank, op, (a,), None, (pos[a],)
+
+    def _mask_tile(self, node) -> bool:
+        """An input tile of a mask tensor is a mask."""
+        return node.op is BOp.INPUT and is_mask(self.tensors[node.arg.index].node)
 
     def _admit(self, rank, op, srcs, arg, idx):
         """Order check, then the node's facts (memoised: they depend only on its sources).

@@ -1,34 +1,35 @@
 """Analytical cost model: the time a kernel graph takes on a target GPU, beside the spec's roofline.
 
-Mirage profiles every candidate; mugraph ranks them with this model (bytes moved, tensor-core
-and SIMT FLOPs, occupancy, waves, pipeline latency, launches) and profiles only the top few.
+Mirage profiles every candidate; mugraph ranks them with this model and profiles only the top few.
+The model reads the launch codegen would emit for each custom kernel (``codegen.schedule``: grid
+with the loop split over CTAs, cp.async stages, bytes per stage, shared memory, partial state,
+registers) and the calibration table's per-target constants (``search.targets``).
 
-The model, per kernel (each library op is one kernel; transpose/reshape/broadcast fold into the
-load of their consumer and cost nothing; each custom op is one kernel):
-
-BW below is the bandwidth streaming kernels reach (`Target.hbm_efficiency` x peak); the
-roofline uses the peak.
+Per kernel (each library op is one kernel; transpose/reshape/broadcast fold into the load of
+their consumer and cost nothing; each custom op is one kernel). BW below is the bandwidth
+streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the peak.
 
 * library kernel (vendor-tuned, grid chosen by the library):
       t = max(bytes / BW, tc_flops / TC_peak, simt_flops / SIMT_peak) + launch
-* custom kernel, B blocks, b = blocks per SM (threads, shared memory, registers), S SMs:
-      waves = ceil(B / (S*b)),   n = ceil(B / S) blocks on the busiest SM,  util = B / (n*S)
-      t_memory  = max(hbm_bytes / BW, traffic / L2_BW, n * block_traffic / SM_fill_BW)
+* custom kernel, C CTAs (blocks x splits), b resident per SM (threads, shared memory, registers),
+  S SMs, each CTA keeping F = (stages - 1) x stage bytes in flight:
+      waves = ceil(C / (S*b)),  n = ceil(C / S) CTAs on the busiest SM,  util = C / (n*S)
+      in flight = min(C, S*b) x F;  streaming rate = min(BW, in flight / latency), the latency
+      loaded when the bytes in flight could keep HBM busy at it, else idle (Little's law)
+      t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / SM_fill_BW)
       t_compute = (tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util
-      t_latency = waves * rounds * HBM_latency     (rounds: serial load waits of one block)
-      t = max(t_memory, t_compute, t_latency) + launch
-  `bound` names the largest term ("latency" also when the launch outweighs the body).
-  util < 1 is the cost of a grid that leaves SMs idle or a tail wave; t_latency is Little's
-  law for a double-buffered loop: each iteration waits for the tile requested one iteration
-  earlier, so a small tile per stage cannot keep HBM busy.
+      t = max(t_memory, t_compute) + waves * first-load latency + split tail + launch
+  split tail (a loop split over s CTAs): the last CTA of each block counts in (one L2 round
+  trip) and reads the s partial states at its SM's fill rate. `bound` names the larger of
+  t_memory and t_compute, or "latency" when the latencies and launch outweigh both.
 * HBM bytes of a custom kernel: outputs once; each input's traffic is tile bytes x (forloop if
   the loop walks it) x blocks. A tensor read by many blocks (replicated across a grid axis, or a
   broadcast view) costs its unique bytes when it fits in its share of L2 (inputs ordered by size
   share half the L2); otherwise each wave of concurrent blocks reads the distinct tiles it
-  touches once (concurrent blocks walk the loop in near lockstep), i.e. waves x distinct bytes
-  per wave, between the unique bytes and the full traffic. Cross-kernel L2 reuse (a small
-  intermediate written by one kernel and read by the next) is not modelled: conservative for
-  unfused graphs.
+  touches once, i.e. waves x distinct bytes per wave, between the unique bytes and the full
+  traffic. Partial states of split loops stay in L2 (they count as L2 and SM traffic). Cross-
+  kernel L2 reuse (a small intermediate written by one kernel and read by the next) is not
+  modelled: conservative for unfused graphs.
 """
 from __future__ import annotations
 
@@ -37,22 +38,18 @@ import weakref
 from dataclasses import dataclass
 from enum import Enum
 
+from mugraph.codegen.schedule import KernelSchedule, kernel_schedule
 from mugraph.ir.block import BlockGraph, Phase
-from mugraph.ir.errors import ResourceError
+from mugraph.ir.errors import MugraphError, ResourceError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import KNode, toposort
-from mugraph.ir.ops import (ACCUMULATORS, BLOCK_LEAF, BLOCK_REDUCE, BOp, KERNEL_LAYOUT,
-                            KERNEL_LEAF, KOp, LAST_DIM_ACCUMULATORS, TOp)
+from mugraph.ir.ops import ACCUMULATORS, BLOCK_REDUCE, BOp, KERNEL_LAYOUT, KERNEL_LEAF, KOp, TOp
 from mugraph.ir.shapes import mma_dtype
+from mugraph.ir.thread import ops_of
 from mugraph.search.targets import Target, get_target
 
-# ---- what the code generator plans (keep in step with codegen's shared-memory planner) ----------
-PIPELINE_STAGES = 2       # loop-walked input tiles are double-buffered (cp.async)
+# ---- shapes the code generator uses ---------------------------------------------------------------
 MMA_M, MMA_N, MMA_K = 16, 8, 16   # mma.sync.m16n8k16: smaller matmuls are padded up to it
-DEFAULT_REGS = 128        # register budget per thread unless accumulators need more
-BASE_REGS = 40            # addresses, loop counters, MMA fragments
-REG_FILE = 65536          # 32-bit registers per SM (sm_80 and sm_90)
-MAX_REGS = 255            # per thread (sm_80 and sm_90)
 L2_REUSE_SHARE = 0.5      # share of L2 that replicated inputs may count on
 
 # SIMT FLOPs charged per element, a plain add or mul being 1. Ops on the special-function unit
@@ -72,6 +69,10 @@ ELEMENTWISE_FLOPS: dict[TOp, int] = {
     TOp.ERF: 16,                     # polynomial approximation with an exp
     TOp.GELU: 20,                    # erf + 3 muls/adds
     TOp.POW: 11,                     # lg2 + mul + ex2
+    TOp.ABS: 1, TOp.IS_FINITE: 2, TOp.SELECT: 1, TOp.LEAKY_RELU: 2,
+    TOp.GT: 1, TOp.GE: 1, TOp.LT: 1, TOp.LE: 1, TOp.EQ: 1, TOp.NE: 1,
+    TOp.LOG1P: 8, TOp.EXPM1: 8,      # lg2/ex2 (MUFU) + a correction polynomial
+    TOp.SOFTPLUS: 15,                # max + abs + exp + log1p + add
 }
 
 
@@ -92,6 +93,10 @@ class KernelEstimate:
     waves: int
     smem_bytes: int
     bound: str               # "memory" | "compute" | "latency"
+    grid: tuple = ()         # launch grid of a custom kernel (blocks x loop splits)
+    splits: int = 1          # CTAs sharing each block's loop
+    stages: int = 0          # cp.async stages per loop-walked tile
+    inflight_per_sm: int = 0  # bytes an SM keeps in flight while the kernel streams
 
     @property
     def bytes(self) -> int:
@@ -150,6 +155,7 @@ class Misfit(Enum):
     THREADS = "threads"
     SHARED_MEMORY = "shared_memory"
     REGISTERS = "registers"
+    CODEGEN = "codegen"      # the code generator has no rule for it
 
 
 # ---- FLOP counting ------------------------------------------------------------------------------
@@ -223,6 +229,8 @@ def block_node_flops(node) -> tuple[int, int]:
         return 0, _norm_flops(node.shape, node.arg[0])
     if op in ACCUMULATORS:
         return 0, _acc_flops(node)
+    if op is BOp.THREAD:
+        return 0, sum(ELEMENTWISE_FLOPS[t.op] for t in ops_of(node.arg)) * _elems(node.shape)
     return 0, 0
 
 
@@ -238,7 +246,7 @@ class InputRead:
 
 @dataclass(frozen=True)
 class BlockCost:
-    """What a block graph costs whatever the target: FLOPs, reads, writes, footprint, rounds."""
+    """What a block graph costs whatever the target: FLOPs, reads, writes."""
 
     blocks: int
     threads: int
@@ -247,9 +255,6 @@ class BlockCost:
     simt_flops: int
     reads: tuple[InputRead, ...]
     write_bytes: int
-    smem_bytes: int
-    regs_per_thread: int
-    rounds: int               # serial HBM waits of one block (prologue + loop iterations)
 
     @property
     def traffic(self) -> int:
@@ -269,15 +274,11 @@ def block_cost(bg: BlockGraph) -> BlockCost:
 
 
 def _analyse(bg: BlockGraph) -> BlockCost:
-    phase = bg.phases()
-    tc, simt = _block_flops(phase, bg.forloop)
-    regs, spill = _registers(bg, phase)
+    tc, simt = _block_flops(bg.phases(), bg.forloop)
     return BlockCost(blocks=bg.num_blocks, threads=bg.threads, grid=bg.grid,
                      tc_flops=tc * bg.num_blocks, simt_flops=simt * bg.num_blocks,
                      reads=tuple(_input_read(n.arg, bg) for n in bg.inputs),
-                     write_bytes=sum(_elems(o.shape) * o.dtype.itemsize for o in bg.outputs),
-                     smem_bytes=_smem(bg, phase) + spill, regs_per_thread=regs,
-                     rounds=_rounds(bg))
+                     write_bytes=sum(_elems(o.shape) * o.dtype.itemsize for o in bg.outputs))
 
 
 def _block_flops(phase, forloop: int) -> tuple[int, int]:
@@ -297,78 +298,21 @@ def _input_read(spec, bg: BlockGraph) -> InputRead:
     return InputRead(per_block, per_block * bg.num_blocks, mapped)
 
 
-def _rounds(bg: BlockGraph) -> int:
-    """The prologue's wait, then one wait per loop iteration that the pipeline cannot cover."""
-    looped = any(n.arg.fmap is not None for n in bg.inputs)
-    if not looped or bg.forloop == 1:
-        return 1
-    return 1 + -(-(bg.forloop - 1) // (PIPELINE_STAGES - 1))
+# ---- codegen's launch of a block graph ----------------------------------------------------------
+def schedule(bg: BlockGraph, target="h100") -> KernelSchedule:
+    """The launch codegen emits for `bg` on the target's arch (memoised per block graph); raises
+    ResourceError when it does not fit and the code generator's errors when it cannot lower it."""
+    return kernel_schedule(bg, get_target(target).arch)
 
 
-def _tile_buffers(spec, forloop: int) -> int:
-    bytes_ = _elems(spec.tile_shape) * spec.dtype.itemsize
-    return bytes_ * (PIPELINE_STAGES if spec.fmap is not None and forloop > 1 else 1)
+def smem_bytes(bg: BlockGraph, target="h100") -> int:
+    """Dynamic shared memory of one CTA of `bg`, as codegen's planner places it."""
+    return schedule(bg, target).smem_bytes
 
 
-def _smem(bg: BlockGraph, phase) -> int:
-    """Input tiles (loop-walked ones double-buffered, in their own dtype), matmul operands that
-    are computed values (staged in 16-bit for ldmatrix), and the largest cross-warp reduction
-    scratch (reused). Accumulators live in registers (see `_registers`)."""
-    tiles = sum(_tile_buffers(n.arg, bg.forloop) for n in bg.inputs)
-    staged = {s for n in phase if n.op is BOp.MATMUL for s in n.srcs if s.op is not BOp.INPUT}
-    staged_bytes = sum(2 * _elems(s.shape) for s in staged)
-    scratch = max((4 * (bg.threads // 32) * _reduced(n) for n in phase), default=0)
-    return tiles + staged_bytes + scratch
-
-
-def _reduced(node) -> int:
-    """Values a cross-warp reduction produces (one fp32 partial per warp each), else 0."""
-    if node.op in BLOCK_REDUCE or node.op in LAST_DIM_ACCUMULATORS:
-        return _elems(node.shape)
-    if node.op is BOp.RMS_NORM:
-        return _elems(node.shape) // node.shape[node.arg[0]]
-    return 0
-
-
-def _registers(bg: BlockGraph, phase) -> tuple[int, int]:
-    """(registers per thread, bytes spilled to shared memory).
-
-    Live fp32 values: every accumulator, hoisted invariant values, and the largest loop matmul
-    product that is not accumulated in place (its MMA fragments; elementwise chains on it run
-    in those registers, and elementwise ops on input tiles stream from shared memory into
-    their reduction or accumulator); spread over the block's threads on top of BASE_REGS.
-    The budget is DEFAULT_REGS unless more are needed, up to what the register file allows
-    for this many threads; the excess goes to shared memory.
-    """
-    acc = sum(_elems(n.shape) for n, p in phase.items() if p is Phase.ACCUMULATOR)
-    inv = sum(_elems(n.shape) for n, p in phase.items()
-              if p is Phase.INVARIANT and n.op not in BLOCK_LEAF)
-    in_place = _accumulated_in_place(phase)
-    work = max((_elems(n.shape) for n, p in phase.items()
-                if p is Phase.LOOP and n.op is BOp.MATMUL and n not in in_place), default=0)
-    need = BASE_REGS + -(-(acc + inv + work) // bg.threads)
-    cap = min(MAX_REGS, REG_FILE // bg.threads // 8 * 8)
-    regs = min(cap, max(DEFAULT_REGS, need))
-    return regs, max(0, need - cap) * bg.threads * 4
-
-
-def _accumulated_in_place(phase) -> set:
-    """Matmuls read only by acc_sum: the MMA accumulates straight into the accumulator's
-    registers, so the product needs no registers of its own."""
-    users: dict = {}
-    for n in phase:
-        for s in n.srcs:
-            users.setdefault(s, set()).add(n.op)
-    return {n for n in phase if n.op is BOp.MATMUL and users.get(n) == {BOp.ACC_SUM}}
-
-
-def smem_bytes(bg: BlockGraph) -> int:
-    """Shared memory one block of `bg` needs (the planner's footprint; see `_smem`)."""
-    return block_cost(bg).smem_bytes
-
-
-def registers_per_thread(bg: BlockGraph) -> int:
-    return block_cost(bg).regs_per_thread
+def registers_per_thread(bg: BlockGraph, target="h100") -> int:
+    """Codegen's estimate of the registers a thread of `bg` holds."""
+    return schedule(bg, target).regs
 
 
 def blocks_per_sm(target, threads: int, smem: int, regs_per_thread: int) -> int:
@@ -387,12 +331,17 @@ def blocks_per_sm(target, threads: int, smem: int, regs_per_thread: int) -> int:
 def misfit(bg: BlockGraph, target) -> Misfit | None:
     """None if `bg` can run on `target`, else the first limit it breaks."""
     t = get_target(target)
-    c = block_cost(bg)
-    if c.threads > t.max_threads_per_block:
+    if bg.threads > t.max_threads_per_block:
         return Misfit.THREADS
-    if c.smem_bytes > t.smem_per_block:
+    try:
+        s = schedule(bg, t)
+    except ResourceError:
         return Misfit.SHARED_MEMORY
-    if blocks_per_sm(t, c.threads, c.smem_bytes, c.regs_per_thread) == 0:
+    except MugraphError:
+        return Misfit.CODEGEN
+    if s.smem_bytes > t.smem_per_block:
+        return Misfit.SHARED_MEMORY
+    if blocks_per_sm(t, s.threads, s.smem_bytes, s.regs) == 0:
         return Misfit.REGISTERS
     return None
 
@@ -440,6 +389,20 @@ def _library_kernel(name: str, node: KNode, t: Target, launch: float) -> KernelE
     return KernelEstimate(name, kind, seconds, hbm, tc, simt, 0, 0, 0, 0, bound)
 
 
+def fused_kernel(name: str, reads, write_bytes: int, tc_flops: int, simt_flops: int,
+                 target="h100", *, cuda_graph: bool = False) -> KernelEstimate:
+    """One vendor-style kernel (a library call, an XLA fusion) that reads the tensors `reads` once
+    each (a layout view counts as its root, constants are free) and writes `write_bytes`: the
+    library-kernel formula of the module docstring. Used by `search.baseline`."""
+    t = get_target(target)
+    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    hbm = sum(_unique_bytes(r) for r in {_root(n) for n in reads}) + write_bytes
+    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
+                              "compute": max(tc_flops / t.tc_flops, simt_flops / t.simt_flops)},
+                             launch)
+    return KernelEstimate(name, "library", seconds, hbm, tc_flops, simt_flops, 0, 0, 0, 0, bound)
+
+
 def _distinct_tiles(mapped, grid, concurrent: int) -> int:
     """Distinct tiles of one input among `concurrent` consecutive blocks (x fastest)."""
     distinct, stride = 1, 1
@@ -467,26 +430,49 @@ def _hbm_reads(c: BlockCost, srcs, t: Target, concurrent: int, waves: int) -> in
 
 
 def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) -> KernelEstimate:
-    c = block_cost(bg)
-    per_sm = blocks_per_sm(t, c.threads, c.smem_bytes, c.regs_per_thread)
+    c, s = block_cost(bg), schedule(bg, t)
+    per_sm = blocks_per_sm(t, s.threads, s.smem_bytes, s.regs)
     if per_sm == 0:
         raise ResourceError(
-            f"custom kernel {name} needs {c.smem_bytes} B of shared memory and {c.threads} "
-            f"threads x {c.regs_per_thread} registers per block; {t.name} allows "
+            f"custom kernel {name} needs {s.smem_bytes} B of shared memory and {s.threads} "
+            f"threads x {s.regs} registers per block; {t.name} allows "
             f"{t.smem_per_block} B per block", hint="smaller tiles (a larger grid or forloop); "
             "the search should call cost.fits() before estimating")
     slots = t.sm_count * per_sm
-    waves = -(-c.blocks // slots)
-    busiest = -(-c.blocks // t.sm_count)
-    util = c.blocks / (busiest * t.sm_count)
+    waves = -(-s.ctas // slots)
+    busiest = -(-s.ctas // t.sm_count)
+    util = s.ctas / (busiest * t.sm_count)
+    resident = min(s.ctas, slots)
     hbm = _hbm_reads(c, srcs, t, min(c.blocks, slots), waves) + c.write_bytes
-    memory = max(hbm / _bandwidth(t), c.traffic / t.l2_bandwidth,
-                 busiest * c.traffic / c.blocks / t.sm_load_bandwidth)
+    partials = 2 * s.ctas * s.state_bytes          # published, then read by the last CTAs
+    rate = _streaming_rate(resident * s.bytes_in_flight, t)
+    memory = max(hbm / rate, (c.traffic + partials) / t.l2_bandwidth,
+                 busiest * (c.traffic + partials) / s.ctas / t.sm_load_bandwidth)
     compute = (c.tc_flops / t.mma_sync_flops + c.simt_flops / t.simt_flops) / util
-    latency = waves * c.rounds * t.hbm_latency_s
-    seconds, bound = _finish({"memory": memory, "compute": compute, "latency": latency}, launch)
-    return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, c.blocks,
-                          per_sm, waves, c.smem_bytes, bound)
+    latency = waves * t.hbm_latency_s + _split_tail(s, t)
+    body = max(memory, compute)
+    seconds = body + latency + launch
+    bound = ("memory" if memory >= compute else "compute") if body >= latency + launch else "latency"
+    inflight_sm = min(busiest, per_sm) * s.bytes_in_flight
+    return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, s.ctas,
+                          per_sm, waves, s.smem_bytes, bound, s.launch_grid, s.splits, s.stages,
+                          inflight_sm)
+
+
+def _streaming_rate(in_flight: int, t: Target) -> float:
+    """Little's law: bytes in flight over the latency they see -- the loaded latency when they are enough to
+    keep HBM busy at that latency, else the idle one -- at most the streaming bandwidth."""
+    if not in_flight:
+        return _bandwidth(t)
+    loaded = in_flight >= _bandwidth(t) * t.loaded_latency_s
+    return min(_bandwidth(t), in_flight / (t.loaded_latency_s if loaded else t.hbm_latency_s))
+
+
+def _split_tail(s: KernelSchedule, t: Target) -> float:
+    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial."""
+    if s.splits == 1:
+        return 0.0
+    return t.hbm_latency_s + s.splits * s.state_bytes / t.sm_load_bandwidth
 
 
 def _kernels(graph: KernelGraph, t: Target, launch: float) -> list[KernelEstimate]:

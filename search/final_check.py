@@ -15,16 +15,19 @@ import math
 from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph
-from mugraph.ir.ops import KOp, TOp
+from mugraph.ir.ops import BOp, KOp, TOp
 from mugraph.search.instantiate import reinstantiate_spec, resize
 from mugraph.search.labels import analyze
+from mugraph.search.leaves import index_inputs, restore
 
 WORK_CAP = 1 << 24      # multiply-adds of one evaluation of the spec checked whole
 
 # Ops whose value at an index depends only on the values at that index along the parallel
 # dims: cutting those dims cuts the result the same way. Elementwise ops are all such.
-_POSITIONLESS = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.MATMUL, KOp.REDUCE_SUM, KOp.REDUCE_MAX,
-                           KOp.RMS_NORM, KOp.TRANSPOSE, KOp.BROADCAST, KOp.CUSTOM})
+# An IOTA (an index tensor) is cut like an input: the sample is a prefix, so the indices it holds
+# are the real ones.
+_POSITIONLESS = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.IOTA, KOp.MATMUL, KOp.REDUCE_SUM,
+                           KOp.REDUCE_MAX, KOp.RMS_NORM, KOp.TRANSPOSE, KOp.BROADCAST, KOp.CUSTOM})
 
 
 @dataclass(frozen=True)
@@ -36,22 +39,29 @@ class CheckPlan:
     sampled: str | None            # None: the whole output; else what was sampled
 
 
+ELEMENTWISE_WEIGHT = 8   # an elementwise op costs the check about 8 multiply-adds per element
+# (the finite-field test hashes opaque ops, the float test runs several special-value cases)
+
+
 def work(graph: KernelGraph) -> int:
-    """Multiply-adds (and element operations) of one evaluation of `graph`'s kernel ops."""
+    """The check's cost of one evaluation of `graph`, in multiply-adds (matmuls, sums) with
+    elementwise ops weighted by ELEMENTWISE_WEIGHT."""
     return sum(_node_work(n) for n in graph.nodes)
 
 
 def _node_work(node) -> int:
     size = math.prod(node.shape)
-    if node.op is KOp.MATMUL:
+    if node.op is KOp.MATMUL or node.op is BOp.MATMUL:
         return size * node.srcs[0].shape[-1]
-    if node.op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX, KOp.RMS_NORM):
-        return math.prod(node.srcs[0].shape)
     if node.op is KOp.CUSTOM:
         bg = node.arg[0]
-        return bg.num_blocks * bg.forloop * sum(math.prod(b.shape) for b in bg.nodes) \
-            // max(1, len(bg.outputs))
-    return size
+        per_block = sum(_node_work(n) for n in bg.nodes if n.op is not BOp.INPUT)
+        return bg.num_blocks * bg.forloop * per_block // max(1, len(bg.outputs))
+    if node.op in (KOp.INPUT, KOp.CONSTANT, KOp.IOTA, BOp.CONSTANT):
+        return size
+    if node.srcs and math.prod(node.srcs[0].shape) > size:      # a reduction
+        return math.prod(node.srcs[0].shape)
+    return size * ELEMENTWISE_WEIGHT
 
 
 def plan(spec: KernelGraph, candidate: KernelGraph, cap: int = WORK_CAP) -> CheckPlan:
@@ -59,11 +69,13 @@ def plan(spec: KernelGraph, candidate: KernelGraph, cap: int = WORK_CAP) -> Chec
     the longest parallel index first) whose spec costs at most `cap`."""
     if work(spec) <= cap or not _sampleable(spec):
         return CheckPlan(spec, candidate, None)
-    analysis = analyze(spec)
+    indexed, leaves = index_inputs(spec)
+    with_inputs = _iotas_as_inputs(candidate, leaves, indexed)
+    analysis = analyze(indexed)
     extents = {lab: lab.extent for lab in analysis.labels}
     pair = None
     while True:
-        step = _halve_one(spec, candidate, analysis, extents)
+        step = _halve_one(indexed, with_inputs, analysis, extents)
         if step is None:
             break
         extents, pair = step
@@ -71,7 +83,28 @@ def plan(spec: KernelGraph, candidate: KernelGraph, cap: int = WORK_CAP) -> Chec
             break
     if pair is None:
         return CheckPlan(spec, candidate, None)
-    return CheckPlan(pair[0], pair[1], _describe(spec, pair[0]))
+    small_spec, small_cand = (restore(g, leaves, _real_inputs(pair[0], spec)) for g in pair)
+    return CheckPlan(small_spec, small_cand, _describe(spec, small_spec))
+
+
+def _iotas_as_inputs(candidate: KernelGraph, leaves: dict, indexed: KernelGraph) -> KernelGraph:
+    """The candidate over the indexed spec's inputs: each IOTA leaf read as its `%iota` input."""
+    if not leaves:
+        return candidate
+    inputs = {n.arg[0]: n for n in indexed.inputs}
+    mapping = {iota: inputs[name] for name, iota in leaves.items()}
+    for node in candidate.nodes:
+        if node not in mapping:
+            srcs = tuple(mapping.get(s, s) for s in node.srcs)
+            mapping[node] = node if srcs == node.srcs else node.replace(srcs=srcs)
+    return KernelGraph([mapping[o] for o in candidate.outputs], list(indexed.inputs),
+                       candidate.output_names)
+
+
+def _real_inputs(small: KernelGraph, spec: KernelGraph) -> list:
+    """The cut graph's inputs that are the spec's own (not `%iota` stand-ins), in spec order."""
+    names = set(spec.input_names)
+    return [n for n in small.inputs if n.arg[0] in names]
 
 
 def _sampleable(spec: KernelGraph) -> bool:
@@ -80,7 +113,10 @@ def _sampleable(spec: KernelGraph) -> bool:
 
 def _halve_one(spec, candidate, analysis, extents):
     """Halve the longest parallel index the winner's tiles allow: (extents, (spec, candidate))."""
-    for lab in sorted(analysis.parallel, key=lambda lab: (-extents[lab], lab.uid)):
+    # an index that reaches an output but is also reduced somewhere (the columns of a row
+    # softmax) is read whole by every output element: it is not cut
+    cuttable = analysis.parallel - analysis.reduced
+    for lab in sorted(cuttable, key=lambda lab: (-extents[lab], lab.uid)):
         if extents[lab] % 2:
             continue
         trial = dict(extents)

@@ -3,32 +3,81 @@ structure at the real shapes with grid extents and trip counts chosen per block 
 """
 from __future__ import annotations
 
-from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, KernelGraph, KNode
+import math
+
+import numpy as np
+
+from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, KernelGraph, KNode
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BOp, KOp
 from mugraph.search.labels import UNIT_DIM, LabelAnalysis
+from mugraph.search.views import resized_view
+
+
+# Shape-derived constants: a spec constant equal to one of these functions of a label's extent
+# (a mean's 1/n, attention's 1/sqrt(d)) follows the label when it is re-sized.
+EXTENT_FORMS = {"n": lambda n: float(n), "1/n": lambda n: 1.0 / n,
+                "sqrt(n)": lambda n: math.sqrt(n), "1/sqrt(n)": lambda n: 1.0 / math.sqrt(n)}
+
+
+def _rounded(value: float, dtype: DType) -> float:
+    return float(np.asarray(value, dtype.numpy))
+
+
+def _scalar_constants(spec: KernelGraph) -> list[KNode]:
+    return [n for n in spec.nodes if n.op is KOp.CONSTANT and all(d == 1 for d in n.shape)]
+
+
+def extent_constants(spec: KernelGraph, analysis: LabelAnalysis, shrinks) -> dict:
+    """{constant node: (label, form)} for the spec constants that are a function of the extent
+    of a label that shrinks (`shrinks(label)`) and that the program reduces over."""
+    bound = {}
+    for c in _scalar_constants(spec):
+        for lab in analysis.labels:
+            if not shrinks(lab) or lab not in analysis.reduced:
+                continue
+            form = next((f for f, fn in EXTENT_FORMS.items()
+                         if _rounded(fn(lab.extent), c.arg[2]) == c.arg[0]), None)
+            if form is not None:
+                bound[c] = (lab, form)
+                break
+    return bound
+
+
+def _extent_values(forms, extent: int) -> list[float]:
+    return [_rounded(EXTENT_FORMS[f](extent), dtype) for f, dtype in forms]
 
 
 def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> tuple[dict, dict]:
     """(label -> extent at the reduced instantiation, reduced -> real value of extent constants).
 
     Labels longer than `limit` shrink to `limit` (keeping at least two tiles for a grid split
-    and a loop). Labels an rms_norm normalises get distinct extents that no spec constant
-    equals, so a constant n = extent in a decomposed norm can be told apart and rescaled.
+    and a loop). A label whose extent some constant depends on (an rms_norm's count, a spec
+    constant 1/n or 1/sqrt(n)) gets a reduced extent whose constants no other constant equals,
+    so each can be told apart and re-derived at the real shapes.
     """
-    constants = {n.arg[0] for n in spec.nodes if n.op is KOp.CONSTANT}
-    normalised = {analysis.of(n.srcs[0])[n.arg[0]].outer for n in spec.nodes if n.op is KOp.RMS_NORM}
-    extents, taken, rescale = {}, set(constants), {}
+    shrinks = lambda lab: lab.extent > limit and lab.extent % limit == 0  # noqa: E731
+    bound = extent_constants(spec, analysis, shrinks)
+    forms: dict = {}
+    for n in spec.nodes:
+        if n.op is KOp.RMS_NORM:
+            forms.setdefault(analysis.of(n.srcs[0])[n.arg[0]].outer, set()).add(("n", DType.FLOAT32))
+    for c, (lab, form) in bound.items():
+        forms.setdefault(lab, set()).add((form, c.arg[2]))
+    taken = {c.arg[0] for c in _scalar_constants(spec) if c not in bound}
+    extents, rescale = {}, {}
     for lab in analysis.labels:
-        if lab.extent <= limit or lab.extent % limit:
+        if not shrinks(lab):
             extents[lab] = lab.extent
-            continue
-        if lab in normalised:
-            value = next(v for v in range(limit, lab.extent + 1, limit)
-                         if float(v) not in taken and lab.extent % v == 0)
-            taken.add(float(value))
+        elif lab in forms:
+            lab_forms = sorted(forms[lab], key=lambda f: (f[0], f[1].value))
+            value = next(v for v in range(limit, lab.extent + 1, limit) if lab.extent % v == 0
+                         and not taken & set(_extent_values(lab_forms, v)))
             extents[lab] = value
-            rescale[float(value)] = float(lab.extent)
+            for small, real in zip(_extent_values(lab_forms, value),
+                                   _extent_values(lab_forms, lab.extent)):
+                taken.add(small)
+                rescale[small] = real
         else:
             extents[lab] = limit
     return extents, rescale
@@ -46,11 +95,17 @@ def _extent(dl, extents) -> int:
 
 
 def reinstantiate_spec(spec: KernelGraph, analysis: LabelAnalysis, extents: dict) -> KernelGraph:
-    """The spec with every label at its new extent (constants unchanged)."""
+    """The spec with every label at its new extent, and the constants that depend on an extent
+    re-derived from it (1/n of a mean over a shorter dim is 1/n of the new n)."""
+    bound = extent_constants(spec, analysis, lambda lab: extents.get(lab, lab.extent) != lab.extent)
     mapping: dict[KNode, KNode] = {}
     for node in spec.nodes:
         shape = rescaled_shape(analysis.of(node), extents)
         mapping[node] = _rebuild_kernel_node(node, mapping, shape)
+        if node in bound:
+            lab, form = bound[node]
+            value = _rounded(EXTENT_FORMS[form](extents[lab]), node.arg[2])
+            mapping[node] = KNode(KOp.CONSTANT, (), (value,) + node.arg[1:])
     return KernelGraph([mapping[o] for o in spec.outputs], [mapping[i] for i in spec.inputs],
                        spec.output_names)
 
@@ -88,13 +143,23 @@ def resize(graph: KernelGraph, inputs: list[KNode], choose, constants: dict) -> 
                         return None
                     blocks[key] = resize_block(node.arg[0], srcs, *sizes, constants)
                 mapping[node] = KNode(KOp.CUSTOM, srcs, (blocks[key], node.arg[1]))
-            elif node.op in (KOp.RESHAPE, KOp.BROADCAST):
+            elif node.op is KOp.RESHAPE:
+                mapping[node] = resized_view(node, srcs[0])
+            elif node.op is KOp.BROADCAST:
                 return None
             else:
-                mapping[node] = KNode(node.op, srcs, node.arg)
+                mapping[node] = KNode(node.op, srcs, _constant_arg(node, constants))
         return KernelGraph([mapping[o] for o in graph.outputs], inputs, graph.output_names)
     except InvalidGraph:
         return None
+
+
+def _constant_arg(node, constants: dict):
+    """A node's argument at the new shapes: an extent constant takes its value there."""
+    arg = node.arg
+    if node.op in (KOp.CONSTANT, BOp.CONSTANT) and arg[0] in constants:
+        return (constants[arg[0]],) + tuple(arg[1:])
+    return arg
 
 
 def resize_block(g: BlockGraph, srcs, grid, forloop, constants: dict) -> BlockGraph:
@@ -108,10 +173,8 @@ def resize_block(g: BlockGraph, srcs, grid, forloop, constants: dict) -> BlockGr
     for node in g.nodes:
         if node in mapping:
             continue
-        arg = node.arg
-        if node.op is BOp.CONSTANT and arg[0] in constants:
-            arg = (constants[arg[0]], arg[1], arg[2])
-        mapping[node] = BNode(node.op, tuple(mapping[s] for s in node.srcs), arg)
+        mapping[node] = BNode(node.op, tuple(mapping[s] for s in node.srcs),
+                              _constant_arg(node, constants))
     outputs = []
     for out in g.outputs:
         new = mapping[out.node]

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph, KNode, custom
 from mugraph.ir.errors import InvalidGraph
-from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TOp, UNARY
+from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TERNARY, TOp, UNARY, is_mask
 from mugraph.search.block_enum import BlockEnumerator, Goal
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.schedules import reduced_sizes, skeletons
+from mugraph.search.views import over_inputs, view_tensors
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
 
@@ -50,7 +51,8 @@ class KernelEnumerator:
 
     def __init__(self, ctx, inputs, spec_outputs):
         self.ctx = ctx
-        self.inputs = list(inputs)
+        self.graph_inputs = [t.node for t in inputs]
+        self.inputs = view_tensors(ctx, inputs, Tensor)   # the inputs and their layout views
         self.spec_outputs = spec_outputs          # [(KNode, expr)]
         self.block_cache: dict = {}
 
@@ -124,10 +126,10 @@ class KernelEnumerator:
             if match is None:
                 return None
             outs.append(match.node)
-        if all(o.op is KOp.INPUT for o in outs):
+        if all(over_inputs(o) for o in outs):
             return None
         try:
-            graph = KernelGraph(outs, [t.node for t in self.inputs], self.ctx.output_names)
+            graph = KernelGraph(outs, self.graph_inputs, self.ctx.output_names)
         except InvalidGraph:
             return None
         return graph if _no_dead_outputs(graph) else None
@@ -173,6 +175,12 @@ class KernelEnumerator:
                 if a.op is KOp.CONSTANT and b.op is KOp.CONSTANT:
                     continue
                 yield (a, b), None
+        elif op in TERNARY:  # select(c, a, b): a tensor predicate, branches of either kind
+            consts = [KNode(KOp.CONSTANT, (), (v, (1,), d)) for v, d in self.ctx.ops.constants]
+            masks = [n for n in nodes if is_mask(n)]
+            for c, a, b in itertools.product(masks, nodes + consts, nodes + consts):
+                if a is not b:
+                    yield (c, a, b), None
         elif op is KOp.MATMUL:
             for a, b in itertools.product(nodes, nodes):
                 yield (a, b), None

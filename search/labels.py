@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph, KNode
-from mugraph.ir.ops import BINARY, KOp, TOp, UNARY
+from mugraph.ir.ops import KOp, TOp
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _unify_same(uf, node: KNode, skip=()) -> None:
 
 def _unify(uf, node: KNode) -> None:
     op = node.op
-    if op in UNARY or op in BINARY:
+    if isinstance(op, TOp):
         _unify_elementwise(uf, node)
     elif op is KOp.MATMUL:
         _unify_matmul(uf, node)
@@ -230,7 +230,7 @@ def node_labels(op, srcs, out_shape, arg):
     labels can.
     """
     from mugraph.ir.ops import ACCUMULATORS, BOp, LAST_DIM_ACCUMULATORS
-    if isinstance(op, TOp):
+    if isinstance(op, TOp) or op is BOp.THREAD:
         return _broadcast_labels(srcs, out_shape)
     if op in (KOp.MATMUL, BOp.MATMUL):
         return _matmul_labels(srcs, out_shape)

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import SearchError
+from mugraph.ir.ops import KERNEL_LEAF, KOp
 from mugraph.search.config import SearchConfig
 from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, Reject,
                                      StopReason, TaskCapReached)
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
+from mugraph.search.leaves import index_inputs, restore
 from mugraph.search.result import Candidate, SearchReport, SearchResult, SpecItself
 from mugraph.search.rules import canonicalize
 from mugraph.search.simplify import op_count, simplify
@@ -105,14 +107,16 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     started = time.monotonic()
     show = progress if progress is not None else _default_progress()
     canonical, fired = canonicalize(spec)
-    analysis = analyze(canonical)
-    extents, constants = reduced_extents(analysis, canonical, config.reduced_extent)
-    reduced = reinstantiate_spec(canonical, analysis, extents)
+    indexed, leaves = index_inputs(canonical)   # iotas are inputs of the structure search
+    analysis = analyze(indexed)
+    extents, constants = reduced_extents(analysis, indexed, config.reduced_extent)
+    reduced = reinstantiate_spec(indexed, analysis, extents)
     problem = Problem(reduced, config)
     own_executor = executor is None
     executor = executor or make_executor(config.workers)
-    ranking = _Ranking(spec, constants, config)
+    ranking = _Ranking(spec, constants, config, indexed, leaves)
     deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds)
+    ranking.deadline = deadline
     try:
         counters, stop = _enumerate(problem, executor, started, deadline, show, ranking)
         searched = time.monotonic() - started
@@ -146,17 +150,22 @@ def finish_reserve(budget: float) -> float:
 class _Ranking:
     """Verified structures, sized for the real shapes as they are found: the best so far."""
 
-    def __init__(self, spec, constants, config):
+    def __init__(self, spec, constants, config, indexed=None, leaves=None):
         from mugraph.search.cost import estimate, fits
         self.spec, self.constants, self.config = spec, constants, config
+        self.indexed, self.leaves = indexed or spec, leaves or {}
         self.estimate, self.fits = estimate, fits
         self.candidates: list[Candidate] = []
         self.started = time.monotonic()
         self.first_found: dict = {}
         self.misfits = 0               # real-shape sizings that do not fit the target's memory
         self.simplified = 0            # structures the simplifier made smaller (re-verified)
+        self.deadline = float("inf")   # when sizing must stop (the enumeration's deadline)
 
     def _fits(self, graph) -> bool:
+        # sizing one structure at large shapes can take long: the deadline is checked per option
+        if time.monotonic() > self.deadline:
+            raise BudgetExhausted(StopReason.TIME)
         ok = self.fits(graph, self.config.target)
         self.misfits += not ok
         return ok
@@ -164,10 +173,13 @@ class _Ranking:
     def add(self, structure, states: int) -> None:
         from mugraph.search.sizing import size_structure
         target = self.config.target
-        sized = size_structure(structure, list(self.spec.inputs), self.constants, target,
+        sized = size_structure(structure, list(self.indexed.inputs), self.constants, target,
                                self.estimate, self._fits)
         if sized:
             est, graph = sized[0]
+            if self.leaves:
+                graph = restore(graph, self.leaves, self.spec.inputs)
+                est = self.estimate(graph, target)
             if all(c.graph is not graph for c in self.candidates):
                 self.candidates.append(Candidate(graph, est, describe(graph), "search"))
                 self.first_found[graph] = (time.monotonic() - self.started, states)
@@ -216,7 +228,10 @@ def _deepen(problem, executor, pending, depth, deadline, counters, seen, ranking
         for task, (found, task_counters, task_stop, finished) in zip(
                 pending, executor.map(run_task, batch)):
             counters.merge(task_counters)
-            _verify_found(problem, found, seen, counters, ranking)
+            try:
+                _verify_found(problem, found, seen, counters, ranking)
+            except BudgetExhausted as e:     # sizing ran into the deadline
+                return e.reason
             show()
             if task_stop is not None:
                 return task_stop
@@ -342,7 +357,11 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")]
+    from mugraph.ir.ops import KERNEL_LAYOUT
+    read_by_library = {s for n in graph.nodes if n.op.value != "custom" for s in n.srcs}
+    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")
+               and not (n.op in KERNEL_LAYOUT and n not in read_by_library
+                        and n not in graph.outputs)]   # a view custom kernels read through
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
     if library:
         parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")

@@ -27,6 +27,7 @@ from mugraph.ir.errors import InvalidInput, MugraphError, VerificationError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
 from mugraph.ir.ops import BOp, KOp, TOp
+from mugraph.ir.thread import evaluate as evaluate_thread
 
 # Safe primes p = 2q + 1 just below 2^31 (q ≈ 2^30). p < 2^31 keeps a product of two residues
 # below 2^62 in int64; q ≈ 2^30 bounds the per-test error by degree/2^30. `tests/verify` re-checks
@@ -232,9 +233,17 @@ class FiniteFieldSemantics:
         return np.asarray(array, np.int64)
 
     def constant(self, value: float, shape, dtype) -> np.ndarray:
+        if not math.isfinite(value):  # +-inf: a symbol, a keyed random element of this test
+            return np.full(shape, int(self.opaque_element("constant", repr(float(value)))), np.int64)
         image = self.field.image(value)
         self.constant_values.setdefault(image, float(value))
         return np.full(shape, image, np.int64)
+
+    def opaque_element(self, *parts) -> np.int64:
+        """One keyed pseudo-random field element named by `parts` (the same on both sides)."""
+        h = np.uint64(derive_key(self.key, *parts))
+        return pack(int(h % np.uint64(self.field.p)),
+                    int(mix64(h) % np.uint64(self.field.q)))
 
     def zeros(self, shape) -> np.ndarray:
         return np.zeros(shape, np.int64)
@@ -325,9 +334,19 @@ def _half_integers(field: Field) -> dict[int, float]:
 #   spec's element; the running max's −inf is SENTINEL, below every element. RELU = max(x, 0)
 #   and CLAMP = min(max(x, lo), hi) are real identities; the keyed order keeps them informative
 #   (max(x, 0) is x for some elements and 0 for others, differently per test).
-# SQRT LOG SILU GELU SIGMOID TANH ERF, non-integer POW: one keyed pseudo-random function of
-#   (op, params, element) per test, the same on both sides: consistent, not an approximation.
-#   RSQRT = 1 / SQRT and POW ±0.5 = SQRT / RSQRT keep the real identities between them.
+# SQRT LOG SILU GELU SIGMOID TANH ERF IS_FINITE LEAKY_RELU, non-integer POW: one keyed
+#   pseudo-random function of (op, params, elements) per test, the same on both sides:
+#   consistent, not an approximation. RSQRT = 1 / SQRT and POW ±0.5 = SQRT / RSQRT keep the real
+#   identities between them, as do LOG1P = LOG(1 + x), EXPM1 = EXP(x) − 1, SOFTPLUS =
+#   LOG(1 + EXP(x)) and ABS = MAX(x, −x).
+# Comparisons: one keyed function G(a, b) standing for [a > b]; the rest are its real identities
+#   (lt(a, b) = G(b, a), ge = 1 − lt, le = 1 − gt, eq = 1 − G(a, b) − G(b, a), ne = 1 − eq).
+#   Never the keyed order of MAX: ties (a = b) have probability ~1/p here, so gt and ge would
+#   agree on every draw and a program that confuses them would pass.
+# SELECT(c, a, b) = b + T(c)·(a − b), T a keyed function of c standing for [c != 0]: exact in
+#   a and b (tilings and factorings of the branches verify), and sound for any c, not only 0/1
+#   masks. A polynomial identity in the free symbols G, T, ... holds for their real values too.
+# ±inf constants are keyed symbols of the test (atoms), like the outputs of opaque functions.
 # Constants: a float is a dyadic rational m·2^e, mapped exactly to m·inv(2)^(−e) (`Field.image`).
 def _componentwise(fp, fq):
     def apply(sem, a, b, arg):
@@ -396,6 +415,43 @@ def _pow(sem, x, y, arg):
 _ADD = _componentwise(lambda a, b: a + b, lambda a, b: a + b)
 _SUB = _componentwise(lambda a, b: a - b, lambda a, b: a - b)
 _MUL = _componentwise(lambda a, b: a * b, lambda a, b: a * b)
+_ONE = np.int64((1 << 32) | 1)   # the packed 1 (1 in Z_p and in Z_q)
+
+
+def _abs(sem, x, arg):
+    return _max(sem, x, _neg(sem, x, None), None)
+
+
+def _log1p(sem, x, arg):
+    return sem.opaque(TOp.LOG, None, _ADD(sem, x, _ONE, None))
+
+
+def _softplus(sem, x, arg):
+    return sem.opaque(TOp.LOG, None, _ADD(sem, _exp(sem, x, None), _ONE, None))
+
+
+def _opaque2(op):
+    return lambda sem, x, y, arg: sem.opaque(op, None, *np.broadcast_arrays(x, y))
+
+
+def _greater(sem, a, b):
+    """The one opaque order test: gt(a, b) for elements a, b."""
+    return sem.opaque(TOp.GT, None, *np.broadcast_arrays(a, b))
+
+
+def _not(sem, mask):
+    return _SUB(sem, _ONE, mask, None)
+
+
+def _eq(sem, a, b, arg):
+    return _SUB(sem, _not(sem, _greater(sem, a, b)), _greater(sem, b, a), None)
+
+
+def _select(sem, c, a, b, arg):
+    """b + T(c)·(a − b), T(c) a keyed function of the predicate standing for [c != 0]."""
+    c, a, b = np.broadcast_arrays(c, a, b)
+    return _ADD(sem, b, _MUL(sem, sem.opaque(TOp.SELECT, None, c), _SUB(sem, a, b, None), None),
+                None)
 
 FF_ELEMENTWISE = {
     TOp.EXP: _exp,
@@ -418,6 +474,19 @@ FF_ELEMENTWISE = {
     TOp.POW: _pow,
     TOp.MAX: _max,
     TOp.MIN: _min,
+    TOp.ABS: _abs,
+    TOp.LOG1P: _log1p,
+    TOp.EXPM1: lambda sem, x, arg: _SUB(sem, _exp(sem, x, None), _ONE, None),
+    TOp.SOFTPLUS: _softplus,
+    TOp.LEAKY_RELU: _opaque2(TOp.LEAKY_RELU),
+    TOp.GT: lambda sem, a, b, arg: _greater(sem, a, b),
+    TOp.LT: lambda sem, a, b, arg: _greater(sem, b, a),
+    TOp.GE: lambda sem, a, b, arg: _not(sem, _greater(sem, b, a)),
+    TOp.LE: lambda sem, a, b, arg: _not(sem, _greater(sem, a, b)),
+    TOp.EQ: _eq,
+    TOp.NE: lambda sem, a, b, arg: _not(sem, _eq(sem, a, b, None)),
+    TOp.IS_FINITE: _opaque(TOp.IS_FINITE),
+    TOp.SELECT: _select,
 }
 
 
@@ -471,7 +540,7 @@ _FOLD = {TOp.ADD: lambda a, b: a + b, TOp.SUB: lambda a, b: a - b, TOp.MUL: lamb
 def _fold(node) -> Fraction | None:
     """The exact value of a constant-only expression (an exponent), or None."""
     if node.op in (KOp.CONSTANT, BOp.CONSTANT):
-        return Fraction(node.arg[0])
+        return Fraction(node.arg[0]) if math.isfinite(node.arg[0]) else None
     if node.op in (KOp.BROADCAST, KOp.RESHAPE, KOp.TRANSPOSE):
         return _fold(node.srcs[0])
     if node.op not in _FOLD:
@@ -488,9 +557,17 @@ def _d_atom(node, *args):
     return ATOM
 
 
+def _d_select(node, c, a, b):
+    return _d_add(b, _d_mul(ATOM, _d_add(a, b)))
+
+
 DEGREE_ELEMENTWISE = {
     TOp.EXP: _d_atom, TOp.LOG: _d_atom, TOp.SQRT: _d_atom, TOp.SILU: _d_atom,
     TOp.GELU: _d_atom, TOp.SIGMOID: _d_atom, TOp.TANH: _d_atom, TOp.ERF: _d_atom,
+    TOp.LOG1P: _d_atom, TOp.SOFTPLUS: _d_atom, TOp.IS_FINITE: _d_atom, TOp.LEAKY_RELU: _d_atom,
+    TOp.GT: _d_atom, TOp.GE: _d_atom, TOp.LT: _d_atom, TOp.LE: _d_atom, TOp.EQ: _d_atom,
+    TOp.NE: _d_atom, TOp.SELECT: _d_select,
+    TOp.EXPM1: _d_atom, TOp.ABS: _d_same,
     TOp.RSQRT: lambda node, a: (0, 1),
     TOp.SQUARE: lambda node, a: _d_mul(a, a),
     TOp.NEG: _d_same, TOp.RELU: _d_same, TOp.CLAMP: _d_same,
@@ -516,8 +593,13 @@ def _d_concat(node, *args):
     return (max(a[0] for a in args), max(a[1] for a in args))
 
 
+def _d_constant(node):
+    return LEAF if math.isfinite(node.arg[0]) else ATOM   # +-inf is a keyed symbol
+
+
 KERNEL_DEGREE = {
-    KOp.CONSTANT: lambda node: LEAF,
+    KOp.CONSTANT: _d_constant,
+    KOp.IOTA: lambda node: LEAF,
     KOp.MATMUL: _d_matmul,
     KOp.REDUCE_SUM: lambda node, a: _d_sum(a, node.srcs[0].shape[node.arg]),
     KOp.REDUCE_MAX: _d_same,
@@ -535,11 +617,12 @@ def _d_rescaled(a, iterations: int):
 
 
 BLOCK_DEGREE = {
-    BOp.CONSTANT: lambda node: LEAF,
+    BOp.CONSTANT: _d_constant,
     BOp.MATMUL: _d_matmul,
     BOp.REDUCE_SUM: lambda node, a: _d_sum(a, node.srcs[0].shape[node.arg]),
     BOp.REDUCE_MAX: _d_same,
     BOp.RMS_NORM: _d_rms_norm,
+    BOp.THREAD: lambda node, *a: evaluate_thread(node, a, lambda m, v: BLOCK_DEGREE[m.op](m, *v)),
 } | DEGREE_ELEMENTWISE
 
 # accumulators also need the trip count: (node, source degrees..., forloop) -> degree

@@ -1,14 +1,44 @@
-"""Float differential testing: the candidate against the float64 spec on random real inputs.
+"""Float differential testing: the candidate against the spec on random inputs and on IEEE special values.
 
-The candidate runs through the reference interpreter twice: in float64 (any difference beyond
-rounding is a bug: tolerance 1e-9) and in its own dtypes (fp32 arithmetic, 16-bit storage as the
-kernels do: 1e-4 for fp32 outputs, 1e-2 for fp16/bf16). The error of an output is
-max|candidate − spec| / max|spec|, relative to the output's scale. This catches what the exact
-finite-field test cannot: overflow, cancellation, wrong softmax shifts, dtype rounding.
+Each case is one set of inputs, run in two modes:
+* float64: the candidate in float64 against the spec in float64 (any difference beyond rounding is
+  a bug: tolerance 1e-9); NaN and ±inf must sit exactly where the spec has them;
+* own: the candidate in its own dtypes (fp32 arithmetic and accumulation, 16-bit storage, as the
+  generated kernels do; 1e-4 for fp32 outputs, 1e-2 for fp16/bf16), held to the float64 spec's
+  values, beside the program as its dtypes compute it: `jax.jit(fn)` on the same inputs when the
+  spec was traced from JAX (`ir.origin`), else the spec run in its own dtypes. On random inputs
+  jax.jit(fn) must agree with the float64 spec within tolerance (else the spec is not the JAX
+  program, and nothing is verified). On special-value inputs, where that run and the float64
+  spec are the same NaN or ±inf, the candidate must be that NaN or ±inf; where the run is finite
+  and within tolerance of the float64 spec, the candidate must be too; where it ran out of range
+  or precision (an overflow that ended finite, as x / inf = 0), no kernel is held to its answer:
+  those elements are not compared, and counted.
+The error of an output is max|candidate − expected| / max|expected| over the compared finite
+elements (in own precision at least the output dtype's smallest normal, below which 16-bit
+results have no relative precision). In the `large` case, a range test, elements where the
+reference (the float64 spec, or the own-dtype run) overflowed are not compared either: a kernel
+that keeps them finite is not wrong; wherever the program's own run is right, a kernel that
+loses range is. Against jax.jit, elements the spec itself cannot hold in its own dtypes are not
+compared either, and are counted apart (`spec_lost`): the front end elides float casts, so a
+spec lifted from fp16 JAX code stores in fp16 what JAX computed in fp32 (x*x before a mean), and
+the IR has no cast op to do otherwise; a candidate is held to what its spec can hold.
+
+Cases (`CASES`), each meaningful for the program at hand (`special_inputs`):
+* random: N(0, 1) · scale, the scale halved until the reference is finite;
+* nan / inf: the random inputs with NaN (resp. +inf and −inf) at two positions of every input;
+* mask: −inf in a quarter of the elements of every input that reaches exp or max without a
+  matmul or sum between (a softmax operand, an attention mask), plus one whole masked row
+  along the dim its reduction runs over; skipped when no input reaches exp or max so;
+* large: positive values sized by the first reduction each input reaches (`large_value`): a sum
+  or norm of K of them overflows the dtype by about 2× (min(max/2, 2·max/K)), a matmul over K
+  comes to about max/2 (sqrt(max/2K)), and with no reduction they are max/2 — where a 16-bit
+  intermediate or accumulator would overflow and fp32 accumulation, as XLA does, does not;
+* denormal: N(0, 1) scaled into the dtype's subnormal range.
 """
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,65 +47,146 @@ from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
+from mugraph.ir.ops import KERNEL_LAYOUT, KOp, TOp
+from mugraph.ir.origin import jax_origin
 from mugraph.verify.finite_field import single_threaded_blas
 
 OWN_TOLERANCE = {DType.FLOAT32: 1e-4, DType.FLOAT16: 1e-2, DType.BFLOAT16: 1e-2}
 FLOAT64_TOLERANCE = 1e-9
 TINY = 1e-30
 MODES = ("float64", "own")
+CASES = ("random", "nan", "inf", "mask", "large", "denormal")
+RANGE_CASES = frozenset({"large"})     # where the reference's own overflow is not compared
+SCALE_TRIES = 8
+MASK_SHARE = 0.25
+SPECIALS_PER_INPUT = 2
 
 
 @dataclass(frozen=True)
 class Difference:
-    """How far one candidate output is from the spec's, and where the worst element is."""
+    """How far one candidate output is from the reference, and where the worst element is."""
 
-    error: float                   # max |candidate − spec| / max |spec|; inf: non-finite mismatch
+    error: float                   # max |candidate − reference| / max |reference|; inf: non-finite mismatch
     output: int
     index: tuple | None
     spec_value: float | None
     candidate_value: float | None
     message: str | None = None     # set when non-finite values decide the comparison
+    skipped: int = 0               # elements not compared (see the module docstring)
 
 
 @dataclass(frozen=True)
 class ModeResult:
-    """One mode (float64 or own dtype): pass/fail against its tolerance, the worst error."""
+    """One mode of one case: pass/fail against its tolerance, the worst error."""
 
     mode: str
     passed: bool
     worst: Difference | None       # the output with the largest error / tolerance
     tolerances: tuple              # per output
     seconds: float
+    case: str = "random"
+    reference: str = "spec"        # what the candidate was compared with
+    skipped: int = 0               # elements not compared, all outputs
+    spec_lost: int = 0             # of those, where jax.jit(fn) is right and the lifted spec not
 
-    def __str__(self) -> str:
+    def detail(self) -> str:
+        """The worst element and what was not compared."""
         w = self.worst
-        state = "ok" if self.passed else "FAILED"
         if w is None:
-            return f"{self.mode}: {state}"
-        where = (f"output {w.output} at {w.index}: candidate {w.candidate_value!r}, "
-                 f"spec {w.spec_value!r}")
+            return "no outputs"
+        where = (f"; output {w.output} at {w.index}: candidate {w.candidate_value!r}, "
+                 f"expected {w.spec_value!r}") if w.index is not None else ""
         tolerance = self.tolerances[w.output]
         detail = w.message or f"relative error {w.error:.3g} (tolerance {tolerance:g})"
-        return f"{self.mode}: {state}, {detail}; {where}; {self.seconds:.2f}s"
+        skipped = f"; {self.skipped} elements not compared" if self.skipped else ""
+        if self.spec_lost:
+            skipped += (f", {self.spec_lost} of them where {self.reference} is right and the spec "
+                        f"as lifted is not (its 16-bit intermediates: float casts are elided)")
+        return f"{detail}{where}{skipped}"
+
+    def __str__(self) -> str:
+        state = "ok" if self.passed else "FAILED"
+        return f"{self.case} {self.mode}: {state}, {self.detail()}; {self.seconds:.2f}s"
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One input case (random or a special value): what the inputs hold, and each mode's result."""
+
+    case: str
+    detail: str
+    modes: tuple[ModeResult, ...]
+    skipped: str | None = None     # why the case did not run
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed for m in self.modes)
+
+    def __str__(self) -> str:
+        if self.skipped:
+            return f"{self.case}: skipped ({self.skipped})"
+        return "\n".join(str(m) for m in self.modes)
 
 
 @dataclass(frozen=True)
 class FloatResult:
-    """The float differential test: every mode's result, the inputs' scale and seed."""
+    """The float differential test: every case's result, the reference, the inputs' scale and seed."""
 
     passed: bool
-    modes: tuple[ModeResult, ...]
+    cases: tuple[CaseResult, ...]
     scale: float
     seed: int
     seconds: float
+    reference: str = "spec"        # own precision against: "jax.jit(fn)" or "spec"
+
+    @property
+    def modes(self) -> tuple[ModeResult, ...]:
+        """Every mode result of every case that ran."""
+        return tuple(m for c in self.cases for m in c.modes)
+
+    @property
+    def special_cases(self) -> tuple[str, ...]:
+        """The special-value cases that ran (not skipped)."""
+        return tuple(c.case for c in self.cases if c.case != "random" and not c.skipped)
 
     def mode(self, name: str) -> ModeResult:
-        return next(m for m in self.modes if m.mode == name)
+        """The worst failure of mode `name` across cases, else its random-case result."""
+        ran = [m for m in self.modes if m.mode == name]
+        failed = [m for m in ran if not m.passed]
+        if failed:
+            return max(failed, key=_badness)
+        return next(m for m in ran if m.case == "random") if any(m.case == "random" for m in ran) \
+            else ran[0]
+
+    def summary(self, name: str) -> str:
+        """One line for mode `name` over every case: the verdict, the worst result, the time."""
+        ran = [m for m in self.modes if m.mode == name]
+        failed = [m.case for m in ran if not m.passed]
+        state = "ok" if not failed else f"FAILED in {', '.join(failed)}"
+        against = f" against {self.reference}" if name == "own" else ""
+        worst = max(ran, key=_badness)
+        skipped = sum(m.skipped for m in ran)
+        lost = sum(m.spec_lost for m in ran)
+        extra = f"; {skipped} elements not compared in all" if skipped else ""
+        extra += f" ({lost} where the spec as lifted loses range jax.jit(fn) keeps)" if lost else ""
+        return (f"{name}: {state}{against}; worst ({worst.case}): {worst.detail()}{extra}; "
+                f"{sum(m.seconds for m in ran):.2f}s")
 
     def __str__(self) -> str:
-        return "\n".join(f"float {m}" for m in self.modes)
+        names = list(dict.fromkeys(m.mode for m in self.modes))
+        skipped = [f"{c.case} skipped: {c.skipped}" for c in self.cases if c.skipped]
+        cases = ", ".join(c.case for c in self.cases if not c.skipped)
+        lines = [f"float {self.summary(n)}" for n in names]
+        lines.append(f"float cases: {cases} (scale {self.scale:g})"
+                     + (f"; {'; '.join(skipped)}" if skipped else ""))
+        return "\n".join(lines)
 
 
+def _badness(m: ModeResult) -> float:
+    return m.worst.error / m.tolerances[m.worst.output] if m.worst is not None else 0.0
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
 def random_inputs(graph: KernelGraph, *, seed: int = 0,
                   scale: float = 1.0) -> dict[str, np.ndarray]:
     """N(0, 1) · scale per input, rounded to the input's dtype (held in float64)."""
@@ -84,22 +195,169 @@ def random_inputs(graph: KernelGraph, *, seed: int = 0,
             .astype(np.float64) for node in graph.inputs}
 
 
-def compare(expected, got, output: int = 0) -> Difference:
-    """The relative error of `got` against `expected`; a non-finite mismatch is error = inf."""
+def _consumers(graph: KernelGraph) -> dict:
+    users: dict = {}
+    for node in graph.nodes:
+        for s in node.srcs:
+            users.setdefault(s, []).append(node)
+    return users
+
+
+_PASS_THROUGH = frozenset(TOp) | KERNEL_LAYOUT   # what a mask or a large value flows through unchanged in kind
+
+
+def softmax_reach(graph: KernelGraph, node) -> int | None:
+    """For an input that reaches exp or max through elementwise and layout ops only: the dim (of
+    the input) a reduction of that path runs over (the last dim if none lines up); else None."""
+    users, frontier, seen, found = _consumers(graph), [node], {node}, None
+    while frontier:
+        n = frontier.pop()
+        for u in users.get(n, ()):
+            if u.op in (TOp.EXP, KOp.REDUCE_MAX, TOp.MAX):
+                found = -1 if found is None else found
+                if u.op is KOp.REDUCE_MAX and u.srcs[0].shape == node.shape:
+                    return u.arg
+            if u.op in _PASS_THROUGH and u not in seen:
+                seen.add(u)
+                frontier.append(u)
+    return None if found is None else node.rank - 1
+
+
+_REDUCTIONS = {KOp.REDUCE_SUM: lambda n: n.srcs[0].shape[n.arg],
+               KOp.RMS_NORM: lambda n: n.shape[n.arg[0]],
+               KOp.MATMUL: lambda n: n.srcs[0].shape[-1]}
+
+
+def first_reduction(graph: KernelGraph, node) -> tuple[KOp | None, int]:
+    """The first sum, norm or matmul `node` reaches and how many elements it adds up (None, 1:
+    none)."""
+    users, frontier, seen = _consumers(graph), [node], {node}
+    while frontier:
+        n = frontier.pop(0)
+        for u in users.get(n, ()):
+            if u.op in _REDUCTIONS:
+                return u.op, _REDUCTIONS[u.op](u)
+            if u.op in _PASS_THROUGH | {KOp.REDUCE_MAX, KOp.CONCAT} and u not in seen:
+                seen.add(u)
+                frontier.append(u)
+    return None, 1
+
+
+def large_value(graph: KernelGraph, node) -> tuple[float, str]:
+    """The magnitude of `node`'s values in the `large` case, and why: a sum or norm of K of them
+    overflows the dtype by 2x; a matmul over K of two of them comes to half the largest value;
+    with no reduction, half the largest value itself."""
+    top = float(_finfo(node.dtype).max)
+    op, k = first_reduction(graph, node)
+    if op is KOp.MATMUL:
+        return (top / (2 * k)) ** 0.5, f"a matmul over {k} reaches max/2"
+    if op is None:
+        return top / 2, "max/2"
+    return min(top / 2, 2 * top / k), f"a sum of {k} reaches 2 max"
+
+
+def _rng(seed: int, case: str):
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11, CASES.index(case))))
+
+
+def _finfo(dtype: DType):
+    return np.finfo(dtype.numpy)
+
+
+def _with_specials(base, graph, rng, values) -> dict:
+    out = {}
+    for node in graph.inputs:
+        a = base[node.arg[0]].copy()
+        flat = a.reshape(-1)
+        where = rng.choice(flat.size, size=min(len(values), flat.size), replace=False)
+        flat[where] = values[:len(where)]
+        out[node.arg[0]] = a
+    return out
+
+
+def _masked(base, graph, rng) -> tuple[dict | None, str]:
+    out, masked = dict(base), []
+    for node in graph.inputs:
+        dim = softmax_reach(graph, node)
+        if dim is None:
+            continue
+        a = base[node.arg[0]].copy()
+        a[rng.random(a.shape) < MASK_SHARE] = -np.inf
+        row = [int(rng.integers(n)) for n in a.shape]
+        row[dim] = slice(None)
+        a[tuple(row)] = -np.inf
+        out[node.arg[0]] = a
+        masked.append(f"{node.arg[0]} (a row along dim {dim})")
+    if not masked:
+        return None, "no input reaches exp or max without a matmul or sum in between"
+    return out, f"-inf in {MASK_SHARE:.0%} of " + ", ".join(masked)
+
+
+def _large(graph, rng) -> tuple[dict, str]:
+    out, parts = {}, []
+    for node in graph.inputs:
+        m, why = large_value(graph, node)
+        a = m * (0.75 + 0.5 * rng.random(node.shape))
+        out[node.arg[0]] = a.astype(node.dtype.numpy).astype(np.float64)
+        parts.append(f"{node.arg[0]} ~{m:.3g} ({why})")
+    return out, "positive values near overflow: " + ", ".join(parts)
+
+
+def _denormal(graph, rng) -> tuple[dict, str]:
+    out = {}
+    for node in graph.inputs:
+        tiny = float(_finfo(node.dtype).smallest_normal) / 4
+        a = rng.standard_normal(node.shape) * tiny
+        out[node.arg[0]] = a.astype(node.dtype.numpy).astype(np.float64)
+    return out, "N(0, 1) scaled into the subnormal range"
+
+
+def special_inputs(graph: KernelGraph, case: str, base: dict, seed: int) -> tuple[dict | None, str]:
+    """The inputs of one case (None: the case does not apply to this program) and a description."""
+    rng = _rng(seed, case)
+    if case == "random":
+        return base, "N(0, 1) · scale"
+    if case == "nan":
+        return _with_specials(base, graph, rng, [np.nan] * SPECIALS_PER_INPUT), \
+            f"NaN at {SPECIALS_PER_INPUT} positions of every input"
+    if case == "inf":
+        return _with_specials(base, graph, rng, [np.inf, -np.inf]), \
+            "+inf and -inf at one position each of every input"
+    if case == "mask":
+        return _masked(base, graph, rng)
+    if case == "large":
+        return _large(graph, rng)
+    if case == "denormal":
+        return _denormal(graph, rng)
+    raise InvalidInput(f"float_diff case {case!r}", hint=f"use some of {CASES}")
+
+
+# ---- comparison -----------------------------------------------------------------------------------
+def compare(expected, got, output: int = 0, skip=None, floor: float = TINY) -> Difference:
+    """The relative error of `got` against `expected`; a non-finite mismatch is error = inf.
+
+    `skip`: a boolean array of elements not to compare (counted in `Difference.skipped`).
+    `floor`: the least scale errors are relative to (an output dtype's smallest normal: below
+    it, a 16-bit result has no relative precision to compare).
+    """
     expected, got = np.asarray(expected, np.float64), np.asarray(got, np.float64)
     if expected.shape != got.shape:
         return Difference(np.inf, output, None, None, None,
-                          f"output {output} has shape {got.shape}, the spec's is {expected.shape}")
+                          f"output {output} has shape {got.shape}, the reference's is {expected.shape}")
+    skipped = 0
+    if skip is not None and np.any(skip):
+        skipped = int(np.sum(skip))
+        expected, got = np.where(skip, 0.0, expected), np.where(skip, 0.0, got)
     bad = _nonfinite_mismatch(expected, got, output)
     if bad is not None:
         return bad
     finite = np.isfinite(expected)  # where it is not, the two values are equal (checked above)
     diff = np.abs(np.where(finite, got, 0.0) - np.where(finite, expected, 0.0))
-    scale = max(float(np.max(np.abs(expected[finite]), initial=0.0)), TINY)
+    scale = max(float(np.max(np.abs(expected[finite]), initial=0.0)), floor)
     flat = int(np.argmax(diff)) if diff.size else 0
     index = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
     return Difference(float(diff.flat[flat]) / scale, output, index,
-                      float(expected[index]), float(got[index]))
+                      float(expected[index]), float(got[index]), skipped=skipped)
 
 
 def _nonfinite_mismatch(expected, got, output: int) -> Difference | None:
@@ -110,57 +368,194 @@ def _nonfinite_mismatch(expected, got, output: int) -> Difference | None:
         return None
     index = tuple(int(i) for i in np.argwhere(wrong)[0])
     e, g = float(expected[index]), float(got[index])
-    who = "the candidate" if np.isfinite(e) else "the spec (lower the input scale?)"
-    message = (f"output {output} is {g} at {index} where the spec is {e}: a non-finite value "
-               f"from {who}; {int(wrong.sum())} such elements")
+    who = "the candidate" if np.isfinite(e) else "the reference"
+    message = (f"output {output} is {g} at {index} where the reference is {e}: a non-finite "
+               f"value from {who}; {int(wrong.sum())} such elements")
     return Difference(np.inf, output, index, e, g, message)
 
 
-def run_mode(mode: str, expected, candidate: KernelGraph, inputs) -> ModeResult:
-    """Compare `candidate` run in `mode` with the spec's float64 outputs `expected`."""
-    start = time.perf_counter()
+# ---- references -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reference:
+    """What one case's candidate runs are compared with: float64 spec outputs, and the own-precision
+    reference (jax.jit(fn), or the float64 spec) with the elements it cannot vouch for."""
+
+    float64: list
+    own: list
+    own_skip: list                 # per output: boolean array or None
+    own_name: str
+    own_run: list                  # the own-precision run itself (jax.jit(fn), or the spec's)
+    spec_lost: int = 0             # skipped: jax.jit(fn) holds them, the spec as lifted does not
+    disagreement: Difference | None = None   # random case: jax.jit(fn) is not the float64 spec
+
+
+def _run(graph, inputs, mode):
     with single_threaded_blas(), np.errstate(all="ignore"):  # overflow is reported, not warned
-        got = interpret(candidate, inputs, dtype=mode)
+        return interpret(graph, inputs, dtype=mode)
+
+
+def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:
+    arrays = [np.asarray(inputs[n.arg[0]], n.dtype.numpy) for n in spec.inputs]
+    with np.errstate(all="ignore"):
+        outs = origin.run(arrays)
+    return [np.asarray(o, np.float64).reshape(node.shape) if np.size(o) == np.prod(node.shape)
+            else np.asarray(o, np.float64) for o, node in zip(outs, spec.outputs)]
+
+
+def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
+    """The reference outputs of one case (see the module docstring for what is not compared)."""
+    f64 = _run(spec, inputs, "float64")
+    origin = jax_origin(spec)
+    spec_own = _run(spec, inputs, "own")
+    run, name = ((_jax_outputs(spec, origin, inputs), "jax.jit(fn)") if origin is not None
+                 else (spec_own, "spec"))
+    expected, skip, lost = [], [], 0
+    for node, e, r, o in zip(spec.outputs, f64, run, spec_own):
+        want, held = _own_expected(node, e, r, case)
+        spec_held = held if r is o else _own_expected(node, e, o, case)[1]
+        lost += int(np.sum(held & ~spec_held))
+        expected.append(want)
+        skip.append(~(held & spec_held))
+    disagreement = _disagreement(spec, f64, run) if origin is not None and case == "random" \
+        else None
+    return Reference(f64, expected, skip, name, run, lost, disagreement)
+
+
+def _disagreement(spec, f64, run) -> Difference | None:
+    """Where jax.jit(fn) and the float64 spec differ beyond the output's tolerance on random
+    inputs: the spec is not the program jax.jit runs (a lifting error), so nothing is verified."""
+    for i, (node, e, r) in enumerate(zip(spec.outputs, f64, run)):
+        d = compare(e, r, i, floor=float(_finfo(node.dtype).smallest_normal))
+        if d.error > OWN_TOLERANCE[node.dtype]:
+            return Difference(np.inf, i, None, d.spec_value, d.candidate_value,
+                              f"jax.jit(fn) gives {d.candidate_value!r} at output {i} {d.index} where "
+                              f"the float64 spec gives {d.spec_value!r} (relative error {d.error:.3g}): "
+                              "the spec is not the program jax.jit runs")
+    return None
+
+
+def _own_expected(node, f64, run, case: str):
+    """What the candidate's own-precision output must be, and the elements `run` vouches for.
+
+    Random case: the float64 value everywhere but where `run` overflowed and the float64 spec
+    did not. Other cases: where the program's own run (`run`) and the float64 spec are the same
+    NaN or ±inf, the candidate must be too (not in a range case). Where `run` is finite and
+    within the output's tolerance of the float64 spec, the candidate is held to the float64
+    value (`run` carries rounding of its own). Elsewhere `run` ran out of range or precision (an
+    overflow that ended finite, as x / inf = 0; an underflow to 0 that met an inf and made a NaN
+    the float64 spec does not have): no kernel is held to its answer there.
+    """
+    f64, run = np.asarray(f64, np.float64), np.asarray(run, np.float64)
+    if case == "random":
+        return f64, ~(np.isfinite(f64) & ~np.isfinite(run))
+    range_case = case in RANGE_CASES
+    finite = np.isfinite(f64) & np.isfinite(run)
+    scale = max(float(np.max(np.abs(f64[finite]), initial=0.0)),
+                float(_finfo(node.dtype).smallest_normal))
+    with np.errstate(invalid="ignore"):
+        right = finite & (np.abs(np.where(finite, run - f64, 0.0)) <= OWN_TOLERANCE[node.dtype] * scale)
+    special = ~np.isfinite(run) & ((run == f64) | (np.isnan(run) & np.isnan(f64)))
+    held = right if range_case else right | special
+    return np.where(right, f64, np.where(special, run, 0.0)), held
+
+
+def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
+             case: str = "random") -> ModeResult:
+    """Compare `candidate` run in `mode` with the reference of its case."""
+    start = time.perf_counter()
+    got = _run(candidate, inputs, mode)
+    if mode == "float64":
+        expected, name = ref.float64, "spec"
+        skip = [~np.isfinite(e) if case in RANGE_CASES else None for e in expected]
+    else:
+        expected, skip, name = ref.own, ref.own_skip, ref.own_name
     tolerances = tuple(FLOAT64_TOLERANCE if mode == "float64" else OWN_TOLERANCE[o.dtype]
                        for o in candidate.outputs)
-    diffs = [compare(e, g, i) for i, (e, g) in enumerate(zip(expected, got))]
+    floors = [TINY if mode == "float64" else float(_finfo(o.dtype).smallest_normal)
+              for o in candidate.outputs]
+    diffs = [compare(e, g, i, s, f) for i, (e, g, s, f) in enumerate(zip(expected, got, skip, floors))]
+    if mode == "own" and ref.disagreement is not None:
+        diffs.append(ref.disagreement)
     worst = max(diffs, key=lambda d: d.error / tolerances[d.output]) if diffs else None
-    passed = all(d.error <= t for d, t in zip(diffs, tolerances))
-    return ModeResult(mode, passed, worst, tolerances, time.perf_counter() - start)
-
-
-SCALE_TRIES = 8
+    passed = all(d.error <= tolerances[d.output] for d in diffs)
+    return ModeResult(mode, passed, worst, tolerances, time.perf_counter() - start, case, name,
+                      sum(d.skipped for d in diffs), ref.spec_lost if mode == "own" else 0)
 
 
 def usable_inputs(spec: KernelGraph, seed: int, scale: float):
-    """Inputs at which the spec itself is finite in its own dtypes: (scale, inputs, float64 outputs).
+    """Random inputs at which the own-precision reference is finite wherever the float64 spec is:
+    (scale, inputs, Reference).
 
     A program like softmax without max-subtraction overflows fp16 for inputs of unit scale; no
-    candidate can be asked to do better than the spec, so the scale halves until the spec's own
-    dtype run is finite wherever its float64 run is (at most SCALE_TRIES times).
+    candidate can be asked to do better than the spec, so the scale halves until the reference
+    is finite (at most SCALE_TRIES times).
     """
     for _ in range(SCALE_TRIES):
         inputs = random_inputs(spec, seed=seed, scale=scale)
-        with single_threaded_blas(), np.errstate(all="ignore"):
-            expected = interpret(spec, inputs, dtype="float64")
-            own = interpret(spec, inputs, dtype="own")
-        if all(np.isfinite(o)[np.isfinite(e)].all() for e, o in zip(expected, own)):
+        ref = cached_reference(spec, inputs, "random", (seed, scale))
+        if all(np.isfinite(o)[np.isfinite(e)].all() for e, o in zip(ref.float64, ref.own_run)):
             break
         scale /= 2
-    return scale, inputs, expected
+    return scale, inputs, ref
 
 
-def float_diff(spec: KernelGraph, candidate: KernelGraph, *, seed: int = 0, scale: float = 1.0,
-               modes=MODES) -> FloatResult:
-    """Run the spec in float64 and the candidate in each of `modes` on the same random inputs."""
-    start = time.perf_counter()
+_REFERENCES: "weakref.WeakKeyDictionary[KernelGraph, dict]" = weakref.WeakKeyDictionary()
+CACHED_PER_SPEC = 32
+
+
+def cached_reference(spec: KernelGraph, inputs, case: str, key: tuple) -> Reference:
+    """`reference`, remembered per spec (the search and the mutation tests check many candidates
+    against one spec); `key` with `case` determines `inputs` (seed and scale)."""
+    table = _REFERENCES.setdefault(spec, {})
+    full = (case, *key, id(jax_origin(spec)))
+    if full not in table:
+        if len(table) >= CACHED_PER_SPEC:
+            table.pop(next(iter(table)))
+        table[full] = reference(spec, inputs, case)
+    return table[full]
+
+
+def clear_cache() -> None:
+    """Forget cached references (benchmarks time first calls)."""
+    _REFERENCES.clear()
+
+
+# ---- the test -------------------------------------------------------------------------------------
+def _check_arguments(spec, candidate, modes, cases) -> None:
     if len(spec.outputs) != len(candidate.outputs):
         raise InvalidInput(f"the spec has {len(spec.outputs)} outputs, the candidate "
                            f"{len(candidate.outputs)}", hint="compare graphs of one interface")
     for mode in modes:
         if mode not in MODES:
             raise InvalidInput(f"float_diff mode {mode!r}", hint=f"use one of {MODES}")
-    scale, inputs, expected = usable_inputs(spec, seed, scale)
-    results = tuple(run_mode(m, expected, candidate, inputs) for m in modes)
-    return FloatResult(all(r.passed for r in results), results, scale, seed,
-                       time.perf_counter() - start)
+    for case in cases:
+        if case not in CASES:
+            raise InvalidInput(f"float_diff case {case!r}", hint=f"use some of {CASES}")
+
+
+def _run_case(spec, candidate, case, base, base_ref, seed, scale, modes) -> CaseResult:
+    inputs, detail = special_inputs(spec, case, base, seed)
+    if inputs is None:
+        return CaseResult(case, detail, (), skipped=detail)
+    ref = base_ref if case == "random" else cached_reference(spec, inputs, case, (seed, scale))
+    return CaseResult(case, detail, tuple(run_mode(m, ref, candidate, inputs, case) for m in modes))
+
+
+def float_diff(spec: KernelGraph, candidate: KernelGraph, *, seed: int = 0, scale: float = 1.0,
+               modes=MODES, cases=CASES, stop_at_failure: bool = True) -> FloatResult:
+    """Run the candidate in each of `modes` against the spec's references on every case's inputs.
+
+    With `stop_at_failure`, the cases after the first that fails are not run (listed as such).
+    """
+    start = time.perf_counter()
+    _check_arguments(spec, candidate, modes, cases)
+    scale, base, base_ref = usable_inputs(spec, seed, scale)
+    results, failed = [], None
+    for case in cases:
+        if failed is not None and stop_at_failure:
+            results.append(CaseResult(case, "", (), skipped=f"not run: the {failed} case failed"))
+            continue
+        results.append(_run_case(spec, candidate, case, base, base_ref, seed, scale, modes))
+        failed = failed or (None if results[-1].passed else case)
+    return FloatResult(all(r.passed for r in results), tuple(results), scale, seed,
+                       time.perf_counter() - start, base_ref.own_name)

@@ -119,8 +119,9 @@ MG_DEVICE float mg_sqrt(float x) { return sqrtf(x); }
 MG_DEVICE float mg_rsqrt(float x) { return rsqrtf(x); }
 MG_DEVICE float mg_tanh(float x) { return tanhf(x); }
 MG_DEVICE float mg_erf(float x) { return erff(x); }
-MG_DEVICE float mg_fmax(float a, float b) { return fmaxf(a, b); }
-MG_DEVICE float mg_fmin(float a, float b) { return fminf(a, b); }
+// max/min propagate NaN as XLA's do (fmaxf/fminf return the other operand): a NaN makes a + b NaN
+MG_DEVICE float mg_fmax(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+MG_DEVICE float mg_fmin(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
 #else
 inline float mg_exp(float x) { return std::exp(x); }
 inline float mg_log(float x) { return std::log(x); }
@@ -128,8 +129,8 @@ inline float mg_sqrt(float x) { return std::sqrt(x); }
 inline float mg_rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float mg_tanh(float x) { return std::tanh(x); }
 inline float mg_erf(float x) { return std::erf(x); }
-inline float mg_fmax(float a, float b) { return std::fmax(a, b); }
-inline float mg_fmin(float a, float b) { return std::fmin(a, b); }
+inline float mg_fmax(float a, float b) { return (a != a || b != b) ? a + b : std::fmax(a, b); }
+inline float mg_fmin(float a, float b) { return (a != a || b != b) ? a + b : std::fmin(a, b); }
 #endif
 
 // ---- warp shuffles (full warp): shfl.sync.bfly / shfl.sync.idx --------------------------------------------------
@@ -329,4 +330,17 @@ inline void mg_mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const uns
 inline void mg_mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   mgshim_mma(d, a, b, "mma.sync.m16n8k16.bf16", mgshim_mma_m16n8k16_complete<mgshim_b2f>);
 }
+#endif
+
+// ---- blocks that share one loop (split-K / split-KV): publish partial state, count finished blocks ------------
+// A block writes its partial state to global memory, fences, and one thread counts it in; the block that counts
+// last reads every partial (bypassing L1, which may hold none of them) and finishes the output.
+#if defined(__CUDACC__)
+MG_DEVICE void mg_threadfence() { __threadfence(); }
+MG_DEVICE unsigned mg_atomic_inc(unsigned* counter) { return atomicAdd(counter, 1u); }
+MG_DEVICE float mg_ldcg(const float* p) { return __ldcg(p); }
+#else
+inline void mg_threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline unsigned mg_atomic_inc(unsigned* counter) { return __atomic_fetch_add(counter, 1u, __ATOMIC_SEQ_CST); }
+inline float mg_ldcg(const float* p) { return *p; }
 #endif

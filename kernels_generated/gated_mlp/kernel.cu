@@ -3,19 +3,19 @@
 
 MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
 
-// mg_kernel0: grid (64, 1, 1) x 128 threads, forloop 64; 52224 bytes of dynamic shared memory
-//   sm1 [0, 24576) input 1 tile [64, 64] x 3 stages
-//   sm2 [24576, 49152) input 2 tile [64, 64] x 3 stages
-//   sm0 [49152, 52224) input 0 tile [8, 64] x 3 stages
+// mg_kernel0: grid (64, 1, 1) x 128 threads, forloop 64; 69632 bytes of dynamic shared memory
+//   sm1 [0, 32768) input 1 tile [64, 64] x 4 stages
+//   sm2 [32768, 65536) input 2 tile [64, 64] x 4 stages
+//   sm0 [65536, 69632) input 0 tile [8, 64] x 4 stages
 MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, mg_half* __restrict__ p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [8, 64] x 3 stages
+  mg_half* const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [8, 64] x 4 stages
   const long long sm0g = 0;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 3 stages
+  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages
   const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 24576);  // input 2 tile [64, 64] x 3 stages
+  mg_half* const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [64, 64] x 4 stages
   const long long sm2g = (long long)mg_bid_x() * 64;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,8,64] on 1x1x4 warps
   const long long p3o = (long long)mg_bid_x() * 64;  // output 0 tile origin
@@ -57,34 +57,53 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
     mg_cp_async16(&(sm2 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)1 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
   }
   mg_cp_async_commit();
+  // stage 2 of the loop's input tiles
+  // cp.async 64 x 16 B
+  for (int i_ = 0; i_ < 1; ++i_) {
+    const int e_ = tid + i_ * 128;
+    if (e_ < 64) mg_cp_async16(&(sm0 + 1024)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)2 * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  // cp.async 512 x 16 B
+#pragma unroll
+  for (int i_ = 0; i_ < 4; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm1 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  // cp.async 512 x 16 B
+#pragma unroll
+  for (int i_ = 0; i_ < 4; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm2 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  }
+  mg_cp_async_commit();
   float acc0[1][1][2][4] = {};  // acc_sum[8, 64]
   float acc1[1][1][2][4] = {};  // acc_sum[8, 64]
 #pragma unroll 1
   for (int it = 0; it < 64; ++it) {
-    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
+    mg_cp_async_wait_group<2>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 3 * 512;
-    mg_half* const sm1c = sm1 + it % 3 * 4096;
-    mg_half* const sm2c = sm2 + it % 3 * 4096;
-    // prefetch the input tiles of iteration it + 2
+    mg_half* const sm0c = sm0 + it % 4 * 512;
+    mg_half* const sm1c = sm1 + it % 4 * 4096;
+    mg_half* const sm2c = sm2 + it % 4 * 4096;
+    // prefetch the input tiles of iteration it + 3
     {
-      const int itn = it + 2 < 64 ? it + 2 : 63, nbytes = it + 2 < 64 ? 16 : 0;
+      const int itn = it + 3 < 64 ? it + 3 : 63, nbytes = it + 3 < 64 ? 16 : 0;
       // cp.async 64 x 16 B
       for (int i_ = 0; i_ < 1; ++i_) {
         const int e_ = tid + i_ * 128;
-        if (e_ < 64) mg_cp_async16_zfill(&(sm0 + (it + 2) % 3 * 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        if (e_ < 64) mg_cp_async16_zfill(&(sm0 + (it + 3) % 4 * 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 2) % 3 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm1 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 2) % 3 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm2 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
       }
       mg_cp_async_commit();
     }
@@ -99,7 +118,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
           mg_ldmatrix_x4(a[mi], &a_[((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ (((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -118,7 +137,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
           mg_ldmatrix_x4(a[mi], &a_[((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ (((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + (2 * nj + (lane >> 4)) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)

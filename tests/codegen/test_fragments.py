@@ -192,3 +192,58 @@ def test_mma_emulation_on_one_hot_operands_finds_every_position(probes):
     b = rng.integers(-4, 5, (16, 8)).astype(np.float64)
     c = rng.integers(-4, 5, (16, 8)).astype(np.float64)
     np.testing.assert_array_equal(_run_mma(probes, a, b, c, np.float16), a @ b + c)
+
+
+# ---- C index expressions rendered from the tables ------------------------------------------------------------------
+
+def _eval_c(expr: str, **env) -> int:
+    """A rendered index expression (+, *, >>, & on non-negative ints: the same in C and Python)."""
+    return eval(expr, {}, env)
+
+
+def _lane_env(lane: int) -> dict:
+    return {"lane": lane, "g_": lane >> 2, "t4_": lane & 3}
+
+
+def test_rendered_c_fragment_indices_are_the_table():
+    widths = (fr.LANE_BITS, 2, 0)
+    row, col = fr.coord_c(MMA.c.coord, ("lane", "q", 0), widths)
+    assert "g_" in row and "t4_" in col  # PTX's groupID / threadID_in_group variables
+    for lane in range(32):
+        for q in range(4):
+            assert (_eval_c(row, q=q, **_lane_env(lane)), _eval_c(col, q=q, **_lane_env(lane))) == MMA.c_coord(lane, q)
+    row_h, col_h = fr.coord_c(MMA.c.coord, ("lane", {1: "h"}, 0), widths)
+    for lane in range(32):
+        for h in range(2):
+            assert (_eval_c(row_h, h=h, **_lane_env(lane)), _eval_c(col_h, h=h, **_lane_env(lane))) == \
+                MMA.c_coord(lane, 2 * h)
+
+
+@pytest.mark.parametrize("load", [fr.A_X4, fr.B_X4_TRANS, fr.B_X2_TRANS, fr.B_X2, fr.B_X4], ids=lambda x: x.name)
+def test_rendered_ldmatrix_addresses_are_the_table(load):
+    row, col = fr.coord_c(load.address, ("lane",), (fr.LANE_BITS,))
+    for lane in range(32):
+        assert (_eval_c(row, **_lane_env(lane)), _eval_c(col, **_lane_env(lane))) == load.address(lane)
+
+
+def test_maps_that_are_not_bit_linear_are_rejected():
+    with pytest.raises(InvalidInput, match="not bit-linear"):
+        fr.bit_strides(lambda lane: (lane ^ (lane >> 2), 0), (5,))
+    with pytest.raises(InvalidInput, match="not bit-linear"):
+        fr.bit_strides(lambda lane: (lane * lane, 0), (5,))
+
+
+def test_a_fragments_from_c_registers_cover_the_same_elements():
+    path = fr.MMA_SYNC_16816
+    pairs = path.a_from_c()
+    assert pairs == (((0, 0), (0, 1)), ((0, 2), (0, 3)), ((1, 0), (1, 1)), ((1, 2), (1, 3)))
+    for reg, halves in enumerate(pairs):
+        for half, (tile, q) in enumerate(halves):
+            for lane in range(32):
+                r, c = MMA.c_coord(lane, q)
+                assert MMA.a_coord(lane, reg, half) == (r, c + tile * MMA.n)
+
+
+def test_an_mma_path_checks_its_loads_fit_the_shape():
+    with pytest.raises(InvalidInput, match="loads"):
+        fr.MmaPath(MMA, a_load=fr.B_X4_TRANS, b_wide=fr.B_X4_TRANS, b_one=fr.B_X2_TRANS)

@@ -2,6 +2,7 @@
 register-layout records."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -87,15 +88,21 @@ def big_tile_graph(rows: int):
     return b.graph([(x.acc_sum_last(), None)])
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_limits_per_arch(arch):
-    limit = get_arch(arch).smem_limit
-    assert limit == {"sm_80": 163 * 1024, "sm_90": 227 * 1024}[arch]
+def unsplit(arch: str):
+    """The arch with loop splitting off: one CTA per block, so the footprints below are the tiles'."""
+    return dataclasses.replace(get_arch(arch), split_loops=False)
+
+
+@pytest.mark.parametrize("name", ["sm_80", "sm_90"])
+def test_limits_per_arch(name):
+    arch = unsplit(name)
+    limit = arch.smem_limit
+    assert limit == {"sm_80": 163 * 1024, "sm_90": 227 * 1024}[name]
     fits_80 = big_tile_graph(40)       # 160 KiB
     fits_90_only = big_tile_graph(48)  # 192 KiB
     too_big = big_tile_graph(64)       # 256 KiB
     assert plan_shared_memory(fits_80, arch).total_bytes == 40 * 4096
-    if arch == "sm_90":
+    if name == "sm_90":
         assert plan_shared_memory(fits_90_only, arch).total_bytes == 48 * 4096
     else:
         with pytest.raises(ResourceError, match="sm_80 allows 166912"):
@@ -105,6 +112,7 @@ def test_limits_per_arch(arch):
     X = ir.input("X", (64, 2048), "float16")
     with pytest.raises(ResourceError):  # generate refuses too, without aborting anything
         generate(ir.KernelGraph([ir.custom(too_big, [X])[0]], [X]), arch)
+    assert plan_shared_memory(too_big, name).total_bytes == 64 * 2048  # split in two CTAs, one tile each
 
 
 def test_planner_reuses_dead_space():
@@ -122,29 +130,35 @@ def test_planner_reuses_dead_space():
     assert all(a.offset % 128 == 0 for a in plan.allocations)
 
 
-@pytest.mark.parametrize("arch,stages", [("sm_80", 3), ("sm_90", 4)])
-def test_loop_tiles_are_pipelined_per_arch(arch, stages):
-    bg = next(bg for bg, _ in workloads.get("gated_mlp").reference().custom_ops())
+@pytest.mark.parametrize("name", ["sm_80", "sm_90"])
+def test_loop_tiles_are_pipelined_by_bytes_in_flight(name):
+    """Stages: enough that the tiles in flight reach the arch's bytes per SM, within the loop and shared memory."""
+    arch = unsplit(name)
+    bg = next(bg for bg, _ in workloads.get("gated_mlp").reference().custom_ops())  # 64 CTAs, 17 KiB per trip
     plan = plan_shared_memory(bg, arch)
+    stages = plan.by_name("sm0").stages
     assert [a.stages for a in plan.allocations if a.role == "tile"] == [stages] * 3
     assert plan.total_bytes == stages * 2 * (8 * 64 + 64 * 64 + 64 * 64)
+    need = arch.inflight_per_sm * arch.sm_count / 64   # the GPU's bytes in flight shared by 64 CTAs
+    assert (stages - 1) * 17 * 1024 >= need > (stages - 2) * 17 * 1024
     src = generate(workloads.get("gated_mlp").reference(), arch).source
     assert f"mg_cp_async_wait_group<{stages - 2}>();" in src
 
 
-def test_pipeline_depth_falls_back_to_two_stages():
-    """Deeper pipelines only within the arch's budget, and never more stages than iterations."""
-    assert plan_shared_memory(big_tile_graph(16), "sm_90").by_name("sm0").stages == 2  # forloop 2
-    X = ir.input("X", (16, 4096), "float16")
-    b = ir.BlockBuilder(grid=(1, 1, 1), forloop=8)
-    bg = b.graph([(b.input(X, fmap=1).acc_sum_last(), None)])   # 16 KiB tiles
-    assert plan_shared_memory(bg, "sm_90").by_name("sm0").stages == 4
-    assert plan_shared_memory(bg, "sm_80").by_name("sm0").stages == 3
+def test_pipeline_depth_stays_within_the_loop_and_shared_memory():
+    assert plan_shared_memory(big_tile_graph(16), unsplit("sm_90")).by_name("sm0").stages == 2  # forloop 2
     X = ir.input("X", (40, 4096), "float16")
     b = ir.BlockBuilder(grid=(1, 1, 1), forloop=8)
-    bg = b.graph([(b.input(X, fmap=1).acc_sum_last(), None)])   # 40 KiB tiles: three stages exceed both budgets
-    assert plan_shared_memory(bg, "sm_90").by_name("sm0").stages == 2
-    assert plan_shared_memory(bg, "sm_80").by_name("sm0").stages == 2
+    bg = b.graph([(b.input(X, fmap=1).acc_sum_last(), None)])   # 40 KiB per trip
+    arch = unsplit("sm_90")
+    assert plan_shared_memory(bg, arch).by_name("sm0").stages == 5  # one CTA wants all the GPU's bytes: 200 KiB
+    modest = dataclasses.replace(arch, inflight_per_sm=800)       # 800 B x 132 SMs: three stages of 40 KiB
+    assert plan_shared_memory(bg, modest).by_name("sm0").stages == 4
+    hungry = dataclasses.replace(arch, inflight_per_sm=10**7)   # wants every stage it can get
+    assert plan_shared_memory(bg, hungry).by_name("sm0").stages == 5  # 200 KiB of 227
+    assert plan_shared_memory(bg, dataclasses.replace(hungry, max_stages=4)).by_name("sm0").stages == 4
+    a100 = dataclasses.replace(unsplit("sm_80"), inflight_per_sm=10**7)
+    assert plan_shared_memory(bg, a100).by_name("sm0").stages == 4  # 160 KiB of 163
 
 
 # ---- tables and records ---------------------------------------------------------------------------------------

@@ -32,6 +32,19 @@ JNP_ELEMENTWISE = {
     TOp.POW: lambda x, y, arg: jnp.power(x, y),
     TOp.MAX: lambda x, y, arg: jnp.maximum(x, y),
     TOp.MIN: lambda x, y, arg: jnp.minimum(x, y),
+    TOp.ABS: lambda x, arg: jnp.abs(x),
+    TOp.LOG1P: lambda x, arg: jnp.log1p(x),
+    TOp.EXPM1: lambda x, arg: jnp.expm1(x),
+    TOp.SOFTPLUS: lambda x, arg: jax.nn.softplus(x),
+    TOp.LEAKY_RELU: lambda x, slope, arg: jnp.where(x >= 0, x, slope * x),
+    TOp.GT: lambda x, y, arg: (x > y).astype(jnp.float32),
+    TOp.GE: lambda x, y, arg: (x >= y).astype(jnp.float32),
+    TOp.LT: lambda x, y, arg: (x < y).astype(jnp.float32),
+    TOp.LE: lambda x, y, arg: (x <= y).astype(jnp.float32),
+    TOp.EQ: lambda x, y, arg: (x == y).astype(jnp.float32),
+    TOp.NE: lambda x, y, arg: (x != y).astype(jnp.float32),
+    TOp.IS_FINITE: lambda x, arg: jnp.isfinite(x).astype(jnp.float32),
+    TOp.SELECT: lambda c, a, b, arg: jnp.where(c != 0, a, b),
 }
 
 
@@ -42,6 +55,7 @@ def _rms_norm(x, arg):
 
 JNP_KERNEL = {
     KOp.CONSTANT: lambda arg: jnp.full(arg[1], arg[0], jnp.float32),
+    KOp.IOTA: lambda arg: jax.lax.broadcasted_iota(jnp.float32, arg[0], arg[1]),
     KOp.MATMUL: lambda a, b, arg: jnp.matmul(a, b),
     KOp.REDUCE_SUM: lambda x, arg: jnp.sum(x, axis=arg, keepdims=True),
     KOp.REDUCE_MAX: lambda x, arg: jnp.max(x, axis=arg, keepdims=True),

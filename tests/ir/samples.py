@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from mugraph import ir
 from mugraph.ir import BNode, BOp, KNode, KOp, KernelGraph, TOp
-from mugraph.ir.ops import BINARY
+from mugraph.ir import thread
+from mugraph.ir.ops import BINARY, TERNARY
 
 F16 = "float16"
 
@@ -19,6 +20,7 @@ def kernel_sample(op) -> KernelGraph:
     build = {
         KOp.INPUT: lambda: x,
         KOp.CONSTANT: lambda: x * ir.constant(1.5, (1, 1, 4)),
+        KOp.IOTA: lambda: x * ir.iota((1, 3, 1), 1),
         KOp.MATMUL: lambda: x @ y,
         KOp.REDUCE_SUM: lambda: x.sum(1),
         KOp.REDUCE_MAX: lambda: x.amax(2),
@@ -31,10 +33,17 @@ def kernel_sample(op) -> KernelGraph:
     }
     if isinstance(op, TOp):
         pos = x * x + 1.0  # inside every op's domain
-        node = KNode(op, (pos, x.amax(0)) if op in BINARY else (pos,), _clamp_arg(op))
+        node = KNode(op, _operands(op, pos, x.amax(0)), _clamp_arg(op))
     else:
         node = build[op]()
     return KernelGraph([node])
+
+
+def _operands(op, x, y) -> tuple:
+    """Operands of an elementwise sample: a select picks by a mask comparing them."""
+    if op in TERNARY:
+        return (x.gt(y), x, y)
+    return (x, y) if op in BINARY else (x,)
 
 
 def _custom_node(x, y) -> KNode:
@@ -43,6 +52,13 @@ def _custom_node(x, y) -> KNode:
     ty = b.input(y, imap=(0,), fmap=1)
     (out,) = b.finish([((tx @ ty).acc_sum(), (0,))])
     return out
+
+
+def _gelu_like() -> thread.TNode:
+    """p0 * (0.5 + tanh(p0 * 0.8 + p1)): a thread graph that reads p0 twice."""
+    T, p0 = thread.TNode, thread.param(0)
+    inner = T(TOp.ADD, (T(TOp.MUL, (p0, thread.const(0.8))), thread.param(1)))
+    return T(TOp.MUL, (p0, T(TOp.ADD, (thread.const(0.5), T(TOp.TANH, (inner,))))))
 
 
 def block_sample(op) -> KernelGraph:
@@ -67,10 +83,11 @@ def block_sample(op) -> KernelGraph:
         BOp.ACC_MAX_LAST: lambda: tx.acc_max_last() + tw.acc_max_last(),
         BOp.ACC_SUM_RESCALE: lambda: _online(tx, tw, last=False),
         BOp.ACC_SUM_LAST_RESCALE: lambda: _online(tx, tw, last=True),
+        BOp.THREAD: lambda: thread.apply(_gelu_like(), tx, tw.sum(0)).acc_sum(),
     }
     if isinstance(op, TOp):
-        value = BNode(op, (positive, tw), None) if op in BINARY else \
-            BNode(op, (positive,), _clamp_arg(op)) * tw
+        value = BNode(op, _operands(op, positive, tw), _clamp_arg(op))
+        value = value if op in BINARY or op in TERNARY else value * tw
         tile = value.acc_sum()
     else:
         tile = build[op]()

@@ -12,9 +12,14 @@ import pytest
 from mugraph import ir
 from mugraph.ir import BOp, KOp, TOp, semantics, shapes
 from mugraph.ir.interpret import ACCUMULATE, BLOCK_EVAL, KERNEL_EVAL
+from mugraph.codegen import library_ops, render
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BLOCK_LEAF, BLOCK_REDUCE, COMMUTATIVE,
-                            KERNEL_LAYOUT, KERNEL_LEAF, KERNEL_REDUCE, LAST_DIM_ACCUMULATORS,
-                            PARAMETRIC, RESCALE_ACCUMULATORS, RUNNING_ACCUMULATORS, UNARY)
+                            COMPARISONS, KERNEL_LAYOUT, KERNEL_LEAF, KERNEL_REDUCE,
+                            LAST_DIM_ACCUMULATORS, PARAMETRIC, PREDICATES, RESCALE_ACCUMULATORS,
+                            RUNNING_ACCUMULATORS, TERNARY, UNARY)
+from mugraph.search import cost
+from mugraph.verify import finite_field
+from mugraph.verify.abstract import lower
 from tests.ir.jnp_reference import JNP_EVAL
 from tests.ir.samples import all_samples, ops_in
 
@@ -37,6 +42,17 @@ TABLES = [
     ("interpret.ACCUMULATE", ACCUMULATE, ACCUMULATORS),
     ("semantics.NUMPY_ELEMENTWISE", semantics.NUMPY_ELEMENTWISE, frozenset(TOp)),
     ("tests jnp reference", JNP_EVAL, KERNEL_OPS - INTERPRETER_HANDLES_KERNEL),
+    ("finite_field.FF_ELEMENTWISE", finite_field.FF_ELEMENTWISE, frozenset(TOp)),
+    ("finite_field.KERNEL_DEGREE", finite_field.KERNEL_DEGREE,
+     KERNEL_OPS - INTERPRETER_HANDLES_KERNEL),
+    ("finite_field.BLOCK_DEGREE", finite_field.BLOCK_DEGREE,
+     BLOCK_OPS - INTERPRETER_HANDLES_BLOCK),
+    ("abstract.TOP_LOWER", lower.TOP_LOWER, frozenset(TOp)),
+    ("abstract.KERNEL_LOWER", lower.KERNEL_LOWER, frozenset(KOp)),
+    ("abstract.BLOCK_LOWER", lower.BLOCK_LOWER, frozenset(BOp)),
+    ("codegen.ELEMENTWISE_C", render.ELEMENTWISE_C, frozenset(TOp)),
+    ("codegen.LIBRARY_OPS", library_ops.LIBRARY_OPS, KERNEL_OPS - library_ops.NOT_LIBRARY),
+    ("cost.ELEMENTWISE_FLOPS", cost.ELEMENTWISE_FLOPS, frozenset(TOp)),
 ]
 
 # Ops no table may hold: the level's universe (a kernel table keyed by a BOp is a typo).
@@ -53,7 +69,7 @@ def _names(ops) -> list[str]:
 def test_table_has_every_op(name, table, required):
     missing = set(required) - set(table)
     assert not missing, f"{name} has no entry for {_names(missing)}"
-    assert all(callable(v) or isinstance(v, tuple) for v in table.values())
+    assert all(callable(v) or isinstance(v, (tuple, str, int)) for v in table.values())
 
 
 @pytest.mark.parametrize("name", sorted(UNIVERSE))
@@ -69,8 +85,10 @@ def test_accumulate_entries_are_init_update_final():
 
 
 def test_op_groups_partition_and_nest():
-    assert UNARY | BINARY == frozenset(TOp) and not UNARY & BINARY
+    assert UNARY | BINARY | TERNARY == frozenset(TOp)
+    assert not UNARY & BINARY and not (UNARY | BINARY) & TERNARY
     assert COMMUTATIVE <= BINARY and PARAMETRIC <= UNARY
+    assert COMPARISONS <= BINARY and PREDICATES - COMPARISONS <= UNARY
     assert KERNEL_REDUCE | KERNEL_LAYOUT | KERNEL_LEAF <= frozenset(KOp)
     assert BLOCK_REDUCE | BLOCK_LEAF | ACCUMULATORS <= frozenset(BOp)
     assert RUNNING_ACCUMULATORS | RESCALE_ACCUMULATORS | LAST_DIM_ACCUMULATORS <= ACCUMULATORS

@@ -14,7 +14,7 @@ from mugraph.verify.abstract.lower import (BLOCK_LOWER, KERNEL_LOWER, TOP_LOWER,
 from mugraph.verify.abstract.normalize import NORMALIZE, normalize
 from tests.ir.samples import all_samples
 
-LEAF_OPS = {Op.VAR, Op.CONST}
+LEAF_OPS = {Op.VAR, Op.CONST, Op.ACCESS}
 
 
 @pytest.mark.parametrize("table,ops", [(TOP_LOWER, TOp), (KERNEL_LOWER, KOp), (BLOCK_LOWER, BOp)],

@@ -7,9 +7,10 @@ import pytest
 
 from mugraph import ir
 from mugraph.ir import TOp
-from mugraph.ir.ops import BINARY
-from mugraph.verify import finite_field_test, float_diff
-from mugraph.verify.float_diff import compare, random_inputs
+from mugraph.ir.ops import BINARY, TERNARY
+from mugraph.verify import check, finite_field_test, float_diff
+from mugraph.verify.float_diff import (compare, large_value, random_inputs, softmax_reach,
+                                       special_inputs)
 
 
 def _x(dtype="float16", shape=(8, 64)):
@@ -20,7 +21,7 @@ def test_identical_graphs_pass_both_modes_with_zero_float64_error():
     x = _x()
     g = ir.KernelGraph([(x * x).sum(1)])
     result = float_diff(g, g, seed=0)
-    assert result.passed and [m.mode for m in result.modes] == ["float64", "own"]
+    assert result.passed and [m.mode for m in result.cases[0].modes] == ["float64", "own"]
     assert result.mode("float64").worst.error == 0.0
 
 
@@ -40,7 +41,7 @@ def test_the_worst_element_is_located_and_reported():
     x = _x("float32", (4, 16))
     spec = ir.KernelGraph([x])
     cand = ir.KernelGraph([x + x.square() * 1e-3])
-    result = float_diff(spec, cand, seed=2)
+    result = float_diff(spec, cand, seed=2, cases=("random",))
     worst = result.mode("float64").worst
     inputs = random_inputs(spec, seed=2)["X"]
     expected_index = np.unravel_index(np.argmax(inputs ** 2), inputs.shape)
@@ -107,5 +108,100 @@ def test_every_elementwise_op_runs_in_both_modes():
     pos = x * x + 1.0
     for op in TOp:
         arg = (-1.0, 1.0) if op is TOp.CLAMP else None
-        node = ir.KNode(op, (pos, pos) if op in BINARY else (pos,), arg)
+        srcs = (pos, pos) if op in BINARY else (pos.gt(x), pos, x) if op in TERNARY else (pos,)
+        node = ir.KNode(op, srcs, arg)
         assert float_diff(ir.KernelGraph([node]), ir.KernelGraph([node])).passed, op
+
+
+# ---- IEEE special values and range ---------------------------------------------------------------
+def _softmax(shifted):
+    e = shifted.exp()
+    return e / e.sum(1)
+
+
+def _masked_softmax_pair(shape=(8, 64)):
+    s = ir.input("S", shape, "float16")
+    m = s.amax(1)
+    spec = ir.KernelGraph([_softmax(s - m)])
+    redundant = ir.KernelGraph([_softmax(s - (s - (s - m)))])  # = s - m, exactly
+    return spec, redundant
+
+
+def test_a_redundant_shift_that_turns_masked_rows_into_nan_is_not_equivalent():
+    spec, redundant = _masked_softmax_pair()
+    assert finite_field_test(spec, redundant, seed=0).passed          # equal as algebra ...
+    assert float_diff(spec, redundant, seed=0, cases=("random",)).passed   # ... and on random inputs
+    result = float_diff(spec, redundant, seed=0, stop_at_failure=False)
+    assert not result.passed and "mask" in result.special_cases
+    assert {c.case for c in result.cases if not c.passed} == {"mask", "inf"}  # -inf reaches it too
+    report = check(spec, redundant, seed=0, formal=False)
+    assert not report.equivalent and "float differential test failed: inf" in report.reason
+    assert check(spec, spec, seed=0, formal=False).equivalent
+
+
+def test_the_mask_goes_where_a_softmax_reads_and_a_whole_row_is_masked():
+    spec, _ = _masked_softmax_pair()
+    s = spec.inputs[0]
+    assert softmax_reach(spec, s) == 1
+    base = random_inputs(spec, seed=0)
+    inputs, detail = special_inputs(spec, "mask", base, seed=0)
+    masked = np.isneginf(inputs["S"])
+    assert masked.all(axis=1).sum() >= 1 and 0.1 < masked.mean() < 0.5
+    q, k = ir.input("Q", (8, 16), "float16"), ir.input("K", (16, 32), "float16")
+    attention = ir.KernelGraph([_softmax(q @ k - (q @ k).amax(1))])
+    assert softmax_reach(attention, q) is None                         # a matmul comes first
+    assert special_inputs(attention, "mask", random_inputs(attention), 0)[0] is None
+    assert "mask" not in float_diff(attention, attention).special_cases
+
+
+def test_a_candidate_that_flushes_denormals_is_caught_by_the_denormal_case():
+    x = _x("float16", (8, 64))
+    spec = ir.KernelGraph([x * 4096.0])
+    absorbed = ir.KernelGraph([((x + 1.0) - 1.0) * 4096.0])   # 1 + tiny rounds to 1 in fp16
+    assert float_diff(spec, absorbed, seed=0, cases=("random", "nan", "inf", "large")).passed
+    result = float_diff(spec, absorbed, seed=0)
+    assert not result.passed and result.mode("own").case == "denormal"
+
+
+def _f32_mean_spec(rows=8, n=256):
+    """A mean whose sum stays in fp32 registers (one kernel), and one whose sum is stored in fp16."""
+    x = ir.input("X", (rows, n), "float16")
+    b = ir.BlockBuilder(grid=(rows, 1, 1), forloop=1)
+    row = b.input(x, imap=(0,), fmap=1).acc_sum()
+    spec = ir.KernelGraph(b.finish([(row.sum(1) / float(n), (0,))]), [x])
+    narrow = ir.KernelGraph([x.sum(1) / float(n)])
+    return spec, narrow
+
+
+def test_a_candidate_that_loses_range_its_spec_keeps_is_not_equivalent():
+    spec, narrow = _f32_mean_spec()
+    assert finite_field_test(spec, narrow, seed=0).passed
+    assert float_diff(spec, narrow, seed=0, cases=("random", "nan", "inf", "denormal")).passed
+    result = float_diff(spec, narrow, seed=0)
+    assert not result.passed and result.mode("own").case == "large"
+    assert "non-finite value from the candidate" in result.mode("own").worst.message
+    assert large_value(narrow, narrow.inputs[0])[0] == pytest.approx(2 * 65504 / 256)
+
+
+def test_nan_propagates_through_max_min_relu_and_reductions_in_both_modes():
+    x = ir.input("X", (4, 8), "float32")
+    graph = ir.KernelGraph([x.relu(), x.maximum(x * 0.0), x.minimum(x * 0.0), x.amax(1),
+                            x.clamp(-1.0, 1.0)])
+    a = np.ones((4, 8))
+    a[1, 3] = np.nan
+    for mode in ("float64", "own"):
+        for out in ir.interpret(graph, [a], dtype=mode):
+            assert np.isnan(out[1]).any() and np.isfinite(np.delete(out, 1, axis=0)).all()
+
+
+def test_results_name_every_case_and_what_was_not_compared():
+    spec, narrow = _f32_mean_spec()
+    result = float_diff(spec, spec, seed=0)
+    assert result.passed and result.special_cases == ("nan", "inf", "large", "denormal")
+    text = str(result)
+    assert "float float64: ok" in text and "float own: ok against spec" in text
+    assert "mask skipped: no input reaches exp or max" in text
+    failed = float_diff(spec, narrow, seed=0)
+    assert "denormal skipped: not run: the large case failed" in str(failed)
+    with pytest.raises(ir.InvalidInput):
+        float_diff(spec, spec, cases=("subnormal",))

@@ -319,6 +319,9 @@ def _leaf(e: Expr):
     if e.op is Op.VAR:
         name, shape = e.param
         return z3.Const(f"{name}{list(shape)}", T)
+    if e.op is Op.ACCESS:
+        name, index = e.param
+        return _tensor(name, len(index))(*[index_term(a) for a in index])
     if isinstance(e.param, Fraction):
         return num(_real(e.param))
     return z3.Const(f"const_{e.param}", T)
@@ -350,7 +353,50 @@ ENCODE = {
     Op.POW: lambda e, s: power(s[0], s[1]),
     Op.FN: lambda e, s: opaque(e.param[0], tuple(e.param[1:]), len(s))(*s),
     Op.CONCAT: lambda e, s: _fold_right(concat, s),
+    Op.REDUCE: lambda e, s: _reduction(e),
 }
+
+
+# ---- the index-aware check's terms: tensors of integer indices, reductions of a body --------------
+def _tensor(name: str, rank: int) -> z3.FuncDeclRef:
+    """One uninterpreted function per input tensor: its elements, by integer index."""
+    return _declared(("tensor", name, rank),
+                     lambda: z3.Function(f"tensor#{len(_FUNCTIONS)} {name}", *[z3.IntSort()] * rank, T))
+
+
+def _reduction(e: Expr) -> z3.ExprRef:
+    """One opaque value per canonical reduction (`reductions.py`): Z3 may take two reductions
+    as equal only when they are the same canonical form, which is when they are equal. (No
+    congruence over bodies: a body's bound variables would be Z3 constants, and equal bodies at
+    one value of them say nothing about the rest of the range.)"""
+    return _declared(("reduce", e), lambda: z3.Const(f"reduce#{len(_FUNCTIONS)}", T))
+
+
+def _declared(key, make):
+    """A Z3 symbol per key; names carry a serial number, so distinct keys never share a symbol."""
+    if key not in _FUNCTIONS:
+        _FUNCTIONS[key] = make()
+    return _FUNCTIONS[key]
+
+
+def index_var(v) -> z3.ArithRef:
+    """The Z3 integer of an index variable: one per variable and range."""
+    return _declared(("index", v), lambda: z3.Int(f"#{len(_FUNCTIONS)} {v!r}"))
+
+
+def index_term(a) -> z3.ArithRef:
+    """The Z3 integer term of an affine index."""
+    return z3.Sum([z3.IntVal(a.const)] + [c * index_var(v) for v, c in a.terms])
+
+
+def index_ranges(variables) -> list:
+    """0 <= v < size (and v < limit) for every index variable: the hypotheses of an index proof."""
+    facts = []
+    for v in variables:
+        facts += [index_var(v) >= 0, index_var(v) < v.size]
+        if v.limit is not None:
+            facts.append(index_var(v) < index_term(v.limit))
+    return facts
 
 _ENCODED: "weakref.WeakKeyDictionary[Expr, z3.ExprRef]" = weakref.WeakKeyDictionary()
 
@@ -375,21 +421,25 @@ def _all_axioms(erasing: bool) -> z3.BoolRef:
     return found[1]
 
 
-def _solve(goal: z3.BoolRef, rlimit: int, erasing: bool = True) -> bool:
-    """Whether the axioms entail `goal`. Each query gets a fresh Z3 context: E-matching follows
-    term ids, so a shared context would make answers depend on the queries asked before."""
+def _solve(goal: z3.BoolRef, rlimit: int, erasing: bool = True, hypotheses=()) -> bool:
+    """Whether the axioms (and `hypotheses`) entail `goal`. Each query gets a fresh Z3 context:
+    E-matching follows term ids, so a shared context would make answers depend on the queries
+    asked before."""
     ctx = z3.Context()
     s = z3.Solver(ctx=ctx)
     s.set("rlimit", int(rlimit))
     s.set("smt.mbqi", False)   # E-matching only: MBQI never proves these goals, it only burns budget
     s.add(_all_axioms(erasing).translate(ctx))
+    for fact in hypotheses:
+        s.add(fact.translate(ctx))
     s.add(z3.Not(goal).translate(ctx))
     return s.check() == z3.unsat
 
 
-def z3_equal(lhs: Expr, rhs: Expr, rlimit: int) -> bool:
-    """Z3 proves lhs = rhs from all the axioms within `rlimit` (unknown or sat: not proved)."""
-    return _solve(encode(lhs) == encode(rhs), rlimit)
+def z3_equal(lhs: Expr, rhs: Expr, rlimit: int, hypotheses=()) -> bool:
+    """Z3 proves lhs = rhs from all the axioms (and `hypotheses`) within `rlimit` (unknown or
+    sat: not proved)."""
+    return _solve(encode(lhs) == encode(rhs), rlimit, hypotheses=hypotheses)
 
 
 def z3_subexpression(e: Expr, targets, rlimit: int) -> bool:

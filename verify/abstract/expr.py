@@ -5,6 +5,8 @@ shape) and constants (the exact rational value of the float). Subtraction, negat
 have one canonical encoding each: `a - b = a + (-1)*b`, `-a = (-1)*a`, `a / b = a * inv(b)`.
 `SUM(n, x)` and `MAXR(n, x)` reduce n elements; everything without algebraic laws is an opaque
 `FN` application. Structurally equal terms are the same object, so they are free cache keys.
+The index-aware formal check (`prove.py`) adds two heads that keep indices: `ACCESS` (one input
+element) and `REDUCE` (a sum or max over index variables); the search never builds them.
 """
 from __future__ import annotations
 
@@ -31,17 +33,25 @@ class Op(Enum):
     POW = "pow"          # x ** y
     FN = "fn"            # param: (Fn, *extra); an opaque function of its args
     CONCAT = "concat"    # ordered, opaque: each element comes from one of its args
+    ACCESS = "access"    # param: (tensor name, tuple of indices.Aff); one element (index-aware check)
+    REDUCE = "reduce"    # param: (kind "sum"/"max", height, bound IVars); args: (body,)
 
 
 class Fn(Enum):
     """Opaque functions: no algebraic laws, only "each argument is a subexpression"."""
 
+    OPAQUE = "op"                  # extra: (op name, its argument): an op the tables do not model
     SQRT = "sqrt"
     LOG = "log"
     SIGMOID = "sigmoid"
     TANH = "tanh"
     ERF = "erf"
     GELU = "gelu"
+    LEAKY_RELU = "leaky_relu"      # (x, slope)
+    GT = "gt"                      # (a, b): the predicate a > b; lt, ge, le are written with it
+    EQ = "eq"
+    IS_FINITE = "is_finite"
+    SELECT = "select"              # (c, a, b)
     RESCALED_SUM = "rescaled_sum"  # (x, m), param n: a rescaling accumulator the abstraction cannot read
 
 
@@ -242,6 +252,11 @@ def format_expr(e: Expr) -> str:
         return e.param[0]
     if e.op is Op.CONST:
         return _format_const(e.param)
+    if e.op is Op.ACCESS:
+        return f"{e.param[0]}[{', '.join(map(repr, e.param[1]))}]"
+    if e.op is Op.REDUCE:
+        kind, _, bound = e.param
+        return f"{kind}[{', '.join(map(repr, bound))}]({format_expr(e.args[0])})"
     if e.op in _INFIX:
         return "(" + _INFIX[e.op].join(map(format_expr, e.args)) + ")"
     head = e.param[0].value if e.op is Op.FN else e.op.value

@@ -16,6 +16,7 @@ from mugraph.ir.block import BlockGraph
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import BNode, KNode, toposort
+from mugraph.ir.thread import evaluate
 from mugraph.ir.ops import (ACCUMULATORS, BOp, KOp, LAST_DIM_ACCUMULATORS, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TOp)
 from mugraph.verify.abstract import expr as E
@@ -44,6 +45,19 @@ TOP_LOWER = {
     TOp.POW: lambda a, arg: E.power(a[0], a[1]),
     TOp.MAX: lambda a, arg: E.maximum(a[0], a[1]),
     TOp.MIN: lambda a, arg: E.minimum(a[0], a[1]),
+    TOp.ABS: lambda a, arg: E.maximum(a[0], E.neg(a[0])),                      # as JAX writes it
+    TOp.LOG1P: lambda a, arg: E.fn(Fn.LOG, E.add(E.const(1), a[0])),
+    TOp.EXPM1: lambda a, arg: E.sub(E.exp(a[0]), E.const(1)),
+    TOp.SOFTPLUS: lambda a, arg: E.fn(Fn.LOG, E.add(E.const(1), E.exp(a[0]))),
+    TOp.LEAKY_RELU: lambda a, arg: E.fn(Fn.LEAKY_RELU, a[0], a[1]),
+    TOp.GT: lambda a, arg: E.fn(Fn.GT, a[0], a[1]),
+    TOp.LT: lambda a, arg: E.fn(Fn.GT, a[1], a[0]),
+    TOp.GE: lambda a, arg: E.sub(E.const(1), E.fn(Fn.GT, a[1], a[0])),
+    TOp.LE: lambda a, arg: E.sub(E.const(1), E.fn(Fn.GT, a[0], a[1])),
+    TOp.EQ: lambda a, arg: E.fn(Fn.EQ, a[0], a[1]),
+    TOp.NE: lambda a, arg: E.sub(E.const(1), E.fn(Fn.EQ, a[0], a[1])),
+    TOp.IS_FINITE: lambda a, arg: E.fn(Fn.IS_FINITE, a[0]),
+    TOp.SELECT: lambda a, arg: E.fn(Fn.SELECT, a[0], a[1], a[2]),
 }
 
 
@@ -77,9 +91,17 @@ def _custom(node: KNode, a) -> Expr:
     return block_expressions(graph, a)[graph.outputs[index].node]
 
 
+def _iota(node: KNode, a) -> Expr:
+    """An index tensor is a leaf of its own, one per (shape, dim); '%' keeps it apart from
+    the inputs the JAX front end names (identifiers)."""
+    shape, dim, _ = node.arg
+    return E.var(f"%iota{dim}", shape)
+
+
 KERNEL_LOWER = {
     KOp.INPUT: _kernel_input,
     KOp.CONSTANT: lambda node, a: E.const(node.arg[0]),
+    KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce(E.reduce_sum),
     KOp.REDUCE_MAX: _reduce(E.reduce_max),
@@ -126,6 +148,8 @@ BLOCK_LOWER = {
     BOp.ACC_MAX_LAST: _max_acc,
     BOp.ACC_SUM_RESCALE: _sum_acc,
     BOp.ACC_SUM_LAST_RESCALE: _sum_acc,
+    BOp.THREAD: lambda node, a, forloop: evaluate(
+        node, a, lambda m, v: node_expression(m, v, forloop=forloop)),
 }
 
 

@@ -316,6 +316,8 @@ NORMALIZE = {
     Op.POW: lambda e, a: power(a[0], a[1]),
     Op.FN: lambda e, a: atom_poly(Atom(Op.FN, e.param, tuple(a))),
     Op.CONCAT: lambda e, a: atom_poly(Atom(Op.CONCAT, None, tuple(a))),
+    Op.ACCESS: lambda e, a: atom_poly(Atom(Op.ACCESS, e.param)),
+    Op.REDUCE: lambda e, a: atom_poly(Atom(Op.REDUCE, e.param, tuple(a))),
 }
 
 _NF: "weakref.WeakKeyDictionary[Expr, Poly | None]" = weakref.WeakKeyDictionary()

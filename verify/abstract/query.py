@@ -1,11 +1,11 @@
-"""The two questions verification and search ask: is e a subexpression of the spec, are two graphs equal.
+"""The search's pruning question: is e a subexpression of the spec (index-free abstract expressions).
 
 `is_subexpression(e, spec)` means: some term equal to e is a subexpression (Mirage's predicate,
 decided under the non-erasing laws, see `axioms.axioms`) of a term equal to a subterm of a spec
-output. The fast path decides it on normal forms: a per-spec index of every polynomial inside the
+output. (The formal check, `prove_equivalent`, is index-aware and lives in `prove.py`.) The fast
+path decides it on normal forms: a per-spec index of every polynomial inside the
 normal forms of the spec's subterms, so "is part of" is a few dictionary lookups and a "no" costs
-about as much as a "yes" (~0.1 ms). Z3 (`axioms.py`) is the judge behind it: `prove_equivalent`
-asks Z3 whenever normal forms differ, and `is_subexpression(..., z3_fallback=True)` asks it,
+about as much as a "yes" (~0.1 ms). Z3 (`axioms.py`) is the judge behind it: `is_subexpression(..., z3_fallback=True)` asks it,
 within a deterministic `rlimit`, about the fast path's "no" answers. A Z3 "no" spends its whole
 budget (0.05-0.4 s at the default 2e5, fresh context included, against ~0.1 ms for the fast
 path), so the fallback is off by default: on 3000 random questions it turned 6 of 706 "no"
@@ -14,15 +14,13 @@ expressions.
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Sequence
 
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.settings import settings
 from mugraph.verify.abstract import normalize as N
-from mugraph.verify.abstract.axioms import z3_equal, z3_subexpression
+from mugraph.verify.abstract.axioms import z3_subexpression
 from mugraph.verify.abstract.expr import Expr, Op, subterms
 from mugraph.verify.abstract.lower import expressions
 
@@ -37,9 +35,13 @@ def default_rlimit() -> int:
 
 
 def clear_caches() -> None:
+    """Forget every memoised answer (pruning and the formal check's element expressions)."""
+    from mugraph.verify.abstract import elements, reductions
     _MEMO.clear()
     _INDEXES.clear()
     STATS.clear()
+    elements.clear_memo()
+    reductions.clear_memo()
 
 
 # ---- the per-spec index ----------------------------------------------------------------------------
@@ -167,58 +169,7 @@ def _fast_subexpression(e: Expr, spec_outputs: tuple, split_max: bool) -> bool:
     return answer
 
 
-# ---- prove_equivalent ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProofResult:
-    """The formal check of a candidate against its spec, output by output."""
-
-    proved: bool
-    method: str                  # "normaliser" (normal forms equal) or "z3" (Z3 was asked)
-    outputs: tuple[bool, ...]
-    seconds: float
-    detail: str
-
-
+# ---- the formal check ---------------------------------------------------------------------------------
 def output_expressions(graph: KernelGraph) -> list[Expr]:
     exprs = expressions(graph)
     return [exprs[o] for o in graph.outputs]
-
-
-def prove_equivalent(spec: KernelGraph, candidate: KernelGraph, *,
-                     rlimit: int | None = None) -> ProofResult:
-    """Prove each candidate output equal to the spec's under the axioms (normaliser, then Z3)."""
-    start = time.perf_counter()
-    problem = _mismatch(spec, candidate)
-    if problem:
-        return ProofResult(False, "normaliser", (False,) * len(candidate.outputs),
-                           time.perf_counter() - start, problem)
-    results, used_z3 = [], False
-    for s, c in zip(output_expressions(spec), output_expressions(candidate)):
-        ok, how = _prove_output(s, c, rlimit or default_rlimit())
-        used_z3 |= how == "z3"
-        results.append((ok, how))
-    proved = tuple(ok for ok, _ in results)
-    return ProofResult(all(proved), "z3" if used_z3 else "normaliser", proved,
-                       time.perf_counter() - start, _detail(candidate, results))
-
-
-def _prove_output(spec: Expr, cand: Expr, rlimit: int) -> tuple[bool, str]:
-    ns, nc = N.normalize(spec), N.normalize(cand)
-    if ns is not None and ns is nc:
-        return True, "normaliser"
-    return z3_equal(spec, cand, rlimit), "z3"
-
-
-def _mismatch(spec: KernelGraph, candidate: KernelGraph) -> str:
-    if len(spec.outputs) != len(candidate.outputs):
-        return f"the spec has {len(spec.outputs)} outputs, the candidate {len(candidate.outputs)}"
-    for i, (s, c) in enumerate(zip(spec.outputs, candidate.outputs)):
-        if s.shape != c.shape:
-            return f"output {i}: the spec's shape is {s.shape}, the candidate's {c.shape}"
-    return ""
-
-
-def _detail(candidate: KernelGraph, results) -> str:
-    parts = [f"{name}: {'proved' if ok else 'not proved'} ({how})"
-             for name, (ok, how) in zip(candidate.output_names, results)]
-    return "; ".join(parts)

@@ -1,0 +1,71 @@
+"""What lowering one block graph produces: the kernel's parameters as the block sees them, its shared buffers
+before placement, and its steps (pieces of C with the shared buffers each reads and writes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mugraph.codegen.layouts import TileLayout
+from mugraph.ir.block import BlockGraph
+from mugraph.ir.dtypes import DType
+
+
+@dataclass(frozen=True)
+class InputView:
+    """A kernel parameter as one block input sees it: element strides into the parameter's buffer."""
+
+    param: str
+    dtype: DType
+    strides: tuple
+
+
+@dataclass(frozen=True)
+class OutputView:
+    param: str
+
+
+@dataclass
+class SmemBuffer:
+    """One shared-memory buffer before placement."""
+
+    name: str
+    nbytes: int             # all stages together
+    role: str               # tile | fp32 | operand | scratch
+    what: str
+    layout: TileLayout | None = None
+    stages: int = 1
+    ldmatrix: bool = False  # read by ldmatrix (its layout must be conflict-free)
+
+
+@dataclass
+class Step:
+    """A piece of kernel code: ``decls`` at the region's scope, ``lines`` in a block of their own."""
+
+    region: str                       # pro | loop | epi
+    lines: list
+    decls: list = field(default_factory=list)
+    reads: set = field(default_factory=set)
+    writes: set = field(default_factory=set)
+    group: int | None = None          # cp.async group its writes belong to
+    note: str = ""
+
+
+@dataclass
+class KernelIR:
+    name: str
+    graph: BlockGraph
+    params: list                      # (C name, dtype, const)
+    buffers: dict
+    steps: list
+    kernel_decls: list                # index variables, pointers to globals' bases
+    acc_decls: list                   # accumulator state, declared before the loop
+    loop_head: list                   # stage pointers of this iteration
+    stages: int
+    has_stage_buffers: bool
+    staged_inputs: list               # buffers written by the loop's cp.async issue (excluded from hazards)
+    splits: int = 1                   # CTAs sharing one block's loop
+    state_floats: int = 0             # partial state each of them publishes (floats)
+
+    @property
+    def trips(self) -> int:
+        """Loop iterations one CTA runs."""
+        return self.graph.forloop // self.splits

@@ -1,0 +1,180 @@
+"""How codegen runs one block graph on one arch -- the launch plan the cost model reads: how many CTAs share each
+block's loop (splits), how deep the cp.async pipeline is (stages, chosen by the bytes an SM must keep in flight),
+the resulting grid, shared memory, partial state and registers.
+
+The rules, in order:
+
+* splits: each block's loop is split over S CTAs (S divides the loop) when two stages of its tiles do not fit
+  shared memory (the smallest S that fits), or when the grid alone cannot stream HBM at
+  full rate: the smallest S (1 first) whose CTAs can keep the bytes in flight the arch needs
+  (``inflight_per_sm`` x SMs: bandwidth x loaded latency) with the deepest pipeline that fits, and whose SMs
+  can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
+  reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
+  most bytes in flight.
+* stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
+  at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
+  below two).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from mugraph.codegen.arch import ArchSpec, get_arch
+from mugraph.codegen.layouts import ceil_div
+from mugraph.ir.block import BlockGraph
+
+BASE_REGS = 32      # indices, addresses, loop counters: a lead, ptxas's figures are in kernels_generated/
+MAX_REGS = 255
+
+
+@dataclass(frozen=True)
+class KernelSchedule:
+    """One block graph's launch on one arch, as codegen emits it."""
+
+    arch: str
+    grid: tuple             # the block graph's grid
+    threads: int
+    forloop: int            # the block graph's loop trips
+    splits: int             # CTAs sharing each block's loop; the last to finish combines their partials
+    stages: int             # cp.async buffers per loop-walked tile
+    stage_bytes: int        # one loop trip's tiles (what one stage copies)
+    invariant_bytes: int    # tiles copied once, before the loop
+    smem_bytes: int         # dynamic shared memory of one CTA (the planner's total)
+    state_bytes: int        # partial state one CTA publishes when split (0 otherwise)
+    regs: int               # registers per thread (estimate: state, fragments, live values)
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def ctas(self) -> int:
+        return self.blocks * self.splits
+
+    @property
+    def launch_grid(self) -> tuple:
+        return (self.grid[0], self.grid[1], self.grid[2] * self.splits)
+
+    @property
+    def trips(self) -> int:
+        """Loop trips of one CTA."""
+        return self.forloop // self.splits
+
+    @property
+    def bytes_in_flight(self) -> int:
+        """Bytes one CTA has requested and not yet consumed while its loop streams."""
+        return max(1, min(self.stages, self.trips) - 1) * self.stage_bytes if self.stage_bytes else 0
+
+    @property
+    def scratch_floats(self) -> int:
+        """The partial-state buffer of all CTAs (floats)."""
+        return self.ctas * self.state_bytes // 4
+
+    def summary(self) -> str:
+        split = f" = {self.blocks} blocks x {self.splits} splits" if self.splits > 1 else ""
+        return (f"grid {self.launch_grid}{split} x {self.threads} threads, {self.trips} trips x "
+                f"{self.stage_bytes / 1024:.1f} KB, {self.stages} stages, {self.smem_bytes / 1024:.1f} KB smem")
+
+
+def kernel_schedule(bg: BlockGraph, arch="sm_90") -> KernelSchedule:
+    """The schedule codegen uses for ``bg`` on ``arch`` (memoised per interned block graph and arch);
+    ResourceError when not even two stages fit the arch's shared memory."""
+    return _schedule(bg, get_arch(arch))
+
+
+@lru_cache(maxsize=4096)
+def _schedule(bg: BlockGraph, arch: ArchSpec) -> KernelSchedule:
+    from mugraph.codegen.plan import lowered
+    ir, plan = lowered(bg, arch, 1, 1)  # one buffer per tile: the footprint every deeper pipeline adds to
+    stage_bytes = sum(ir.buffers[b].nbytes for b in ir.staged_inputs)
+    invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
+    state = _state_bytes(bg, arch) if arch.split_loops else 0
+    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes)
+    stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
+    ir, plan = lowered(bg, arch, stages, splits)
+    return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, ir.stages, stage_bytes, invariant,
+                          plan.total_bytes, 4 * ir.state_floats, _registers(ir))
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _state_bytes(bg: BlockGraph, arch: ArchSpec) -> int:
+    """The partial state one CTA would publish if the loop were split (a split by the smallest divisor of the
+    loop measures it: the state does not depend on the split)."""
+    divisors = [d for d in range(2, bg.forloop + 1) if bg.forloop % d == 0]
+    if not divisors:
+        return 0
+    from mugraph.codegen.plan import lowered
+    return 4 * lowered(bg, arch, 1, divisors[0])[0].state_floats
+
+
+def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
+                  smem_one: int) -> int:
+    """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage."""
+    if not arch.split_loops or forloop < 2 or not state_bytes or not stage_bytes:
+        return 1
+    fits = [d for d in range(1, forloop + 1) if forloop % d == 0 and
+            smem_one + (min(2, forloop // d) - 1) * stage_bytes <= arch.smem_limit]  # two stages, or one trip
+    cheap = [d for d in fits if d == 1 or d * state_bytes <= (forloop // d) * stage_bytes] or fits[-1:]
+    if not cheap:
+        return 1
+    for d in cheap:
+        if _streams_at_full_rate(blocks * d, forloop // d, arch, stage_bytes, smem_one):
+            return d
+    return max(cheap, key=lambda d: (_in_flight(blocks * d, forloop // d, arch, stage_bytes, smem_one), -d))
+
+
+def _in_flight(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int) -> int:
+    """Bytes all CTAs together keep in flight with the deepest pipeline that fits (the CTAs one wave holds)."""
+    stages = _deepest(ctas, trips, arch, stage_bytes, smem_one, arch.max_stages)
+    per_sm = max(1, (arch.smem_per_sm - 1024) // max(1, smem_one + (stages - 1) * stage_bytes + 1024))
+    return min(ctas, per_sm * arch.sm_count) * (stages - 1) * stage_bytes
+
+
+def _streams_at_full_rate(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int) -> bool:
+    return _in_flight(ctas, trips, arch, stage_bytes, smem_one) >= arch.inflight_per_sm * arch.sm_count and \
+        min(ctas, arch.sm_count) * arch.sm_fill_rate >= arch.hbm_rate
+
+
+def _deepest(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int, want: int) -> int:
+    """At most ``want`` stages, one per trip, within the shared memory of the CTAs one SM holds (>= 2)."""
+    per_sm = max(1, ceil_div(ctas, arch.sm_count))
+    budget = min(arch.smem_limit, arch.smem_per_sm // per_sm - 1024)
+    stages = min(want, trips, arch.max_stages)
+    while stages > 2 and smem_one + (stages - 1) * stage_bytes > budget:
+        stages -= 1
+    return max(2, stages)
+
+
+def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int, smem_one: int) -> int:
+    """Pipeline depth by bytes in flight (the module docstring's rule); ``smem_one``: the footprint at one."""
+    trips = bg.forloop // splits
+    if trips < 2 or not stage_bytes:
+        return 2
+    ctas = bg.num_blocks * splits
+    need = arch.inflight_per_sm * arch.sm_count / ctas  # the whole GPU's bytes in flight, shared out
+    return _deepest(ctas, trips, arch, stage_bytes, smem_one, 1 + ceil_div(int(need), stage_bytes))
+
+
+def _registers(ir) -> int:
+    """Floats each thread keeps in registers: accumulator state and the largest step's own arrays."""
+    import re
+    decl = re.compile(r"^float (\w+)((?:\[\d+\])+)")
+
+    def floats(lines):
+        total = 0
+        for line in lines:
+            for part in line.split(", "):
+                m = decl.match(part.strip() if part.startswith("float") else "float " + part.strip())
+                if m:
+                    total += _prod(int(d) for d in re.findall(r"\d+", m.group(2)))
+        return total
+    state = floats(ir.acc_decls)
+    work = max((floats(s.decls) for s in ir.steps), default=0)
+    return min(MAX_REGS, BASE_REGS + state + work)

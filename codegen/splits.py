@@ -1,0 +1,135 @@
+"""A block's loop split over several CTAs (split-K, split-KV): after its share of the loop each CTA publishes its
+accumulators' partial state to a scratch buffer and counts itself in; the CTA that counts last combines every
+partial, in split order (so the result does not depend on which CTA finishes last), then runs the epilogue.
+
+Each thread publishes the registers it holds (its accumulators' register image), so the combining CTA reads
+exactly the elements each of its threads needs; a rescaling accumulator (online softmax) also publishes its
+running max at each of its elements, so partials relative to different maxima combine exactly:
+acc = sum_s acc_s * exp(m_s - max_s m_s).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mugraph.codegen import loops, values
+from mugraph.codegen import render as R
+from mugraph.codegen.kernel_ir import Step
+from mugraph.codegen.layouts import prod
+from mugraph.codegen.placement import describe
+from mugraph.ir.ops import RESCALE_ACCUMULATORS
+
+if TYPE_CHECKING:
+    from mugraph.codegen.lower import Lowering
+
+SCRATCH, COUNTERS = "mg_ws", "mg_ctr"  # the kernel parameters a split kernel gets after its outputs
+
+
+def combine_partials(lw: Lowering, accs: list) -> None:
+    """The split kernel's hand-over between the loop and the epilogue (nothing when the loop is not split)."""
+    if lw.splits == 1 or not accs:
+        return
+    entries, floats = _layout(lw, accs)
+    lw.state_floats = floats
+    _declare_tile(lw, floats)
+    saved = dict(lw.mats)
+    _publish(lw, entries)
+    lw.mats = saved  # partial values materialised for publishing are not the combined values
+    flag = lw.buffer("scratch", 16, "whether this CTA finishes the block", ctype="int")
+    lw.emit(Step("", ["mg_threadfence();  // this CTA's partials are visible to the others before it counts in",
+                      "mg_syncthreads();",
+                      f"if (tid == 0) {flag}[0] = mg_atomic_inc(&{COUNTERS}[tile_]) == {lw.splits - 1};"],
+                 writes={flag}, note=f"count this CTA in; the last of the {lw.splits} finishes the block"))
+    lw.emit(Step("", [f"if ({flag}[0] == 0) return;", "mg_threadfence();"], reads={flag},
+                 note="only the last CTA goes on"))
+    _combine(lw, entries)
+
+
+def _layout(lw: Lowering, accs: list) -> tuple[list, int]:
+    """(acc, offset, floats per image) of each accumulator in one CTA's partial state, and its size."""
+    entries, offset = [], 0
+    for acc in accs:
+        layout, _ = lw.acc_state[acc]
+        n = prod(acc.shape) if layout == "smem" else prod(layout.dims) * lw.T
+        entries.append((acc, offset, n))
+        offset += n * (2 if acc.op in RESCALE_ACCUMULATORS else 1)
+    return entries, offset
+
+
+def _declare_tile(lw: Lowering, floats: int) -> None:
+    gx, gy, _ = lw.g.grid
+    bx, by, bz = (lw.bid(a) for a in "xyz")
+    tile = bx if (gy, bz) == (1, "0") else f"{bx} + {gx} * ({by} + {gy} * {bz})"
+    lw.kernel_decls.append(f"const int tile_ = {tile};  // the block this CTA computes a share of")
+    lw.kernel_decls.append(f"const long long ws_ = (long long)tile_ * {lw.splits * floats};  // its partials")
+
+
+def _image(offset: int, slot: str, lw: Lowering, split: str) -> str:
+    """The scratch element of one register of this thread in split ``split``'s partial state."""
+    return f"{SCRATCH}[ws_ + {split} * {lw.state_floats} + {offset} + ({slot}) * {lw.T} + tid]"
+
+
+def _publish(lw: Lowering, entries) -> None:
+    lines, reads = [], set()
+    for acc, offset, n in entries:
+        layout, var = lw.acc_state[acc]
+        if layout == "smem":
+            lines += loops.plain_loop(lw, acc.shape, lambda ctx: [
+                f"{SCRATCH}[ws_ + sp_ * {lw.state_floats} + {offset} + e_] = {var}[e_];"])
+            reads.add(var)
+            continue
+        slot = loops.slot_index(layout)
+        rescaled = acc.op in RESCALE_ACCUMULATORS
+        if rescaled:  # its running max at each of its elements
+            probe = loops.probe_ctx(layout, acc.shape)
+            values.ensure(lw, acc.srcs[1], probe)
+            reads |= values.reads_of(lw, acc.srcs[1], probe)
+
+        def body(ctx, offset=offset, n=n, var=var, rescaled=rescaled, acc=acc, slot=slot):
+            out = [f"{_image(offset, slot, lw, 'sp_')} = {var}{ctx.slot};"]
+            if rescaled:
+                out.append(f"{_image(offset + n, slot, lw, 'sp_')} = {values.read(lw, acc.srcs[1], ctx)};")
+            return out
+        lines += loops.layout_loop(lw, layout, acc.shape, body, guard=True)
+    lw.emit(Step("", lines, reads=reads, note=f"publish this CTA's partial state ({lw.state_floats} floats)"))
+
+
+def _combine(lw: Lowering, entries) -> None:
+    lines, writes = [], set()
+    for acc, offset, n in entries:
+        layout, var = lw.acc_state[acc]
+        comb = R.ACC_C[acc.op].combine
+        if layout == "smem":
+            lines += loops.plain_loop(lw, acc.shape, lambda ctx, offset=offset, var=var, comb=comb: [
+                f"float p_ = {comb.identity};",
+                f"for (int k_ = 0; k_ < {lw.splits}; ++k_) "
+                f"p_ = {comb('p_', f'mg_ldcg(&{SCRATCH}[ws_ + k_ * {lw.state_floats} + {offset} + e_])')};",
+                f"{var}[e_] = p_;"])
+            writes.add(var)
+            continue
+        slot = loops.slot_index(layout)
+        if acc.op in RESCALE_ACCUMULATORS:
+            body = _rescaled_body(lw, var, offset, n, slot)
+        else:
+            body = _plain_body(lw, var, offset, slot, comb)
+        lines += loops.layout_loop(lw, layout, acc.shape, body, guard=True)
+    lines.append(f"if (tid == 0) {COUNTERS}[tile_] = 0;  // ready for the next launch")
+    lw.emit(Step("", lines, writes=writes,
+                 note=f"combine the {lw.splits} partial states in split order: {', '.join(describe(e[0]) for e in entries)}"))
+
+
+def _plain_body(lw: Lowering, var: str, offset: int, slot: str, comb):
+    def body(ctx):
+        part = f"mg_ldcg(&{_image(offset, slot, lw, 'k_')})"
+        return [f"float p_ = {comb.identity};",
+                f"for (int k_ = 0; k_ < {lw.splits}; ++k_) p_ = {comb('p_', part)};", f"{var}{ctx.slot} = p_;"]
+    return body
+
+
+def _rescaled_body(lw: Lowering, var: str, offset: int, n: int, slot: str):
+    def body(ctx):
+        part, m = (f"mg_ldcg(&{_image(o, slot, lw, 'k_')})" for o in (offset, offset + n))
+        return [f"float m_ = {R.MAX.identity}, p_ = 0.0f;",
+                f"for (int k_ = 0; k_ < {lw.splits}; ++k_) m_ = mg_fmax(m_, {m});",
+                f"for (int k_ = 0; k_ < {lw.splits}; ++k_) p_ += {part} * mg_exp({m} - m_);",
+                f"{var}{ctx.slot} = p_;"]
+    return body

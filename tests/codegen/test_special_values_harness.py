@@ -1,0 +1,71 @@
+"""IEEE special values through the generated CUDA on the CPU harness: max, min, relu and max reductions
+propagate NaN as XLA's do, and 16-bit rows whose sum passes the fp16 maximum stay finite (fp32 accumulation)."""
+from __future__ import annotations
+
+import numpy as np
+
+from mugraph import ir
+from mugraph.codegen import run_on_cpu
+
+
+def _matmul_relu(m=16, k=64, n=64):
+    X, W = ir.input("X", (m, k), "float16"), ir.input("W", (k, n), "float16")
+    b = ir.BlockBuilder(grid=(2, 1, 1), forloop=2)
+    x = b.input(X, imap=None, fmap=1)
+    w = b.input(W, imap=(1,), fmap=0)
+    y = (x @ w).acc_sum()
+    outs = b.finish([(y.relu(), (1,)), (y.maximum(b.constant(-0.5)).minimum(b.constant(0.5)), (1,))])
+    return ir.KernelGraph(outs, [X, W])
+
+
+def _row_max(m=16, k=64):
+    X = ir.input("X", (m, k), "float16")
+    b = ir.BlockBuilder(grid=(1, 1, 1), forloop=2)
+    x = b.input(X, imap=None, fmap=1)
+    (out,) = b.finish([(x.acc_max_last(), (None,))])
+    return ir.KernelGraph([out], [X])
+
+
+def test_nan_survives_relu_max_and_min_after_a_matmul_on_the_harness():
+    graph = _matmul_relu()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 64)).astype(np.float16)
+    w = rng.standard_normal((64, 64)).astype(np.float16)
+    x[3, 5] = np.nan
+    for got, want in zip(run_on_cpu(graph, [x, w]), ir.interpret(graph, [x, w], dtype="own")):
+        assert np.isnan(got[3]).all() and np.isnan(want[3]).all()
+        others = np.delete(np.arange(16), 3)
+        assert np.isfinite(got[others]).all()
+        np.testing.assert_allclose(got[others].astype(np.float64), want[others], atol=2e-2, rtol=2e-2)
+
+
+def test_a_max_reduction_over_a_row_holding_nan_is_nan_on_the_harness():
+    graph = _row_max()
+    x = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float16)
+    x[2, 40] = np.nan        # in the second loop iteration's tile
+    x[7, :] = -np.inf         # a fully masked row is -inf, not NaN
+    (got,) = run_on_cpu(graph, [x])
+    assert np.isnan(got[2, 0]) and got[7, 0] == -np.inf
+    rows = [r for r in range(16) if r not in (2, 7)]
+    np.testing.assert_array_equal(got[rows, 0], x[rows].max(axis=1))
+
+
+def _fused_layernorm(rows=4, n=256):
+    X = ir.input("x", (rows, n), "float16")
+    b = ir.BlockBuilder(grid=(rows, 1, 1), forloop=1)
+    x = b.input(X, imap=(0,), fmap=1).acc_sum()   # one trip: the row tile itself, kept in fp32
+    mean = x.sum(1) / float(n)
+    d = x - mean
+    var = (d * d).sum(1) / float(n)
+    (out,) = b.finish([(d * (var + float(np.float16(1e-5))).rsqrt(), (0,))])  # eps as fp16 JAX adds it
+    return ir.KernelGraph([out], [X])
+
+
+def test_an_fp16_layernorm_with_row_sums_past_65504_stays_finite_on_the_harness():
+    graph = _fused_layernorm()
+    x = (300 + np.random.default_rng(2).standard_normal((4, 256))).astype(np.float16)
+    assert (x.astype(np.float64).sum(axis=1) > 65504).all()
+    (got,) = run_on_cpu(graph, [x])
+    (want,) = ir.interpret(graph, [x])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got.astype(np.float64), want, atol=2e-2)

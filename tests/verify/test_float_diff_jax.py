@@ -1,0 +1,79 @@
+"""Own precision against `jax.jit(fn)` when the spec was traced from JAX: the origin is remembered beside the
+graph (not in it), the float test runs the real jax.jit, and an fp16 layernorm keeps the range jax.jit keeps."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mugraph import ir
+from mugraph.ir.origin import jax_origin, record_jax_origin
+from mugraph.verify import check, float_diff
+from tests.codegen.test_special_values_harness import _fused_layernorm
+
+
+def _softmax(s):
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def _layernorm(x):
+    m = jnp.mean(x, axis=-1, keepdims=True)
+    d = x - m
+    return d * jax.lax.rsqrt(jnp.mean(d * d, axis=-1, keepdims=True) + 1e-5)
+
+
+S16 = jax.ShapeDtypeStruct((8, 64), jnp.float16)
+
+
+def test_the_origin_is_kept_beside_the_graph_without_changing_it():
+    spec = ir.from_jax(_softmax, S16, input_names=["S"])
+    assert jax_origin(spec).fn is _softmax
+    text, digest = ir.to_json(spec), spec.digest()
+    assert ir.from_json(text) is spec and "softmax" not in text   # interned, nothing added
+    hand = ir.KernelGraph([ir.input("S", (8, 64), "float16").exp()])
+    assert jax_origin(hand) is None
+    record_jax_origin(spec, _softmax, (S16,))
+    assert spec.digest() == digest
+
+
+def test_own_precision_runs_the_real_jax_jit():
+    spec = ir.from_jax(_softmax, S16, input_names=["S"])
+    result = float_diff(spec, spec, seed=0)
+    assert result.passed and result.reference == "jax.jit(fn)"
+    record_jax_origin(spec, lambda s: _softmax(s) * 1.5, (S16,))      # a different jax.jit(fn) ...
+    try:
+        other = float_diff(spec, spec, seed=0)
+        assert other.mode("float64").passed and not other.mode("own").passed  # ... fails own only
+        assert "the spec is not the program jax.jit runs" in other.mode("own").worst.message
+    finally:
+        record_jax_origin(spec, _softmax, (S16,))
+
+
+def test_a_searched_softmax_with_a_redundant_shift_is_not_equivalent_to_the_jax_program():
+    spec = ir.from_jax(_softmax, S16, input_names=["S"])
+    s = ir.input("S", (8, 64), "float16")
+    e = (s - (s - (s - s.amax(1)))).exp()
+    report = check(spec, ir.KernelGraph([e / e.sum(1)]), seed=0, formal=False)
+    assert not report.equivalent and report.finite_field.passed
+    assert "float differential test failed" in report.reason
+
+
+def test_an_fp16_layernorm_keeps_the_range_jax_jit_keeps():
+    spec = ir.from_jax(_layernorm, jax.ShapeDtypeStruct((4, 256), jnp.float16), input_names=["x"])
+    fused = _fused_layernorm()
+    x = (300 + np.random.default_rng(0).standard_normal((4, 256))).astype(np.float16)
+    assert (x.astype(np.float64).sum(axis=1) > 65504).all()
+    (own,) = ir.interpret(fused, [x], dtype="own")
+    (exact,) = ir.interpret(spec, [x])
+    assert np.isfinite(own).all() and np.isfinite(np.asarray(jax.jit(_layernorm)(x))).all()
+    np.testing.assert_allclose(own.astype(np.float64), exact, atol=1e-2)
+    assert float_diff(spec, fused, seed=0).passed
+    # the spec as lifted stores the row sum in fp16 (the IR has no cast op), so it loses the range
+    # jax.jit keeps: no candidate is held to more than its spec can do, and the report says so
+    (lifted,) = ir.interpret(spec, [x], dtype="own")
+    assert not np.isfinite(lifted).any()
+    itself = float_diff(spec, spec, seed=0)
+    large = next(m for m in itself.modes if m.case == "large" and m.mode == "own")
+    assert itself.passed and large.spec_lost == large.skipped == 4 * 256
+    assert "loses range jax.jit(fn) keeps" in str(itself)
