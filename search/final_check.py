@@ -20,7 +20,7 @@ from mugraph.search.instantiate import reinstantiate_spec, resize
 from mugraph.search.labels import analyze
 from mugraph.search.leaves import index_inputs, restore
 
-WORK_CAP = 1 << 24      # multiply-adds of one evaluation of the spec checked whole
+WORK_CAP = 48_000_000   # the check of one sample costs about 2 s on one core at this work
 
 # Ops whose value at an index depends only on the values at that index along the parallel
 # dims: cutting those dims cuts the result the same way. Elementwise ops are all such.
@@ -41,6 +41,8 @@ class CheckPlan:
 
 ELEMENTWISE_WEIGHT = 8   # an elementwise op costs the check about 8 multiply-adds per element
 # (the finite-field test hashes opaque ops, the float test runs several special-value cases)
+STEP_WORK = 15_000         # one block op of one loop iteration, run by the interpreter (all
+# blocks at once), costs about this much whatever the tile: Python's overhead per step
 
 
 def work(graph: KernelGraph) -> int:
@@ -55,8 +57,10 @@ def _node_work(node) -> int:
         return size * node.srcs[0].shape[-1]
     if node.op is KOp.CUSTOM:
         bg = node.arg[0]
-        per_block = sum(_node_work(n) for n in bg.nodes if n.op is not BOp.INPUT)
-        return bg.num_blocks * bg.forloop * per_block // max(1, len(bg.outputs))
+        ops = [n for n in bg.nodes if n.op is not BOp.INPUT]
+        per_block = sum(_node_work(n) for n in ops)
+        total = bg.forloop * (bg.num_blocks * per_block + STEP_WORK * len(ops))
+        return total // max(1, len(bg.outputs))
     if node.op in (KOp.INPUT, KOp.CONSTANT, KOp.IOTA, BOp.CONSTANT):
         return size
     if node.srcs and math.prod(node.srcs[0].shape) > size:      # a reduction
@@ -66,25 +70,38 @@ def _node_work(node) -> int:
 
 def plan(spec: KernelGraph, candidate: KernelGraph, cap: int = WORK_CAP) -> CheckPlan:
     """The whole pair when it is cheap or cannot be sampled, else the largest sample (halving
-    the longest parallel index first) whose spec costs at most `cap`."""
-    if work(spec) <= cap or not _sampleable(spec):
+    the longest parallel index first, then reduced ones) whose check costs at most `cap`."""
+    if _pair_work(spec, candidate) <= cap or not _sampleable(spec):
         return CheckPlan(spec, candidate, None)
     indexed, leaves = index_inputs(spec)
     with_inputs = _iotas_as_inputs(candidate, leaves, indexed)
     analysis = analyze(indexed)
     extents = {lab: lab.extent for lab in analysis.labels}
     pair = None
-    while True:
-        step = _halve_one(indexed, with_inputs, analysis, extents)
-        if step is None:
-            break
-        extents, pair = step
-        if work(pair[0]) <= cap:
-            break
+    for labels in (analysis.parallel - analysis.reduced, _loop_cuttable(analysis, spec, candidate)):
+        while pair is None or _pair_work(*pair) > cap:
+            step = _halve_one(indexed, with_inputs, analysis, extents, labels)
+            if step is None:
+                break
+            extents, pair = step
     if pair is None:
         return CheckPlan(spec, candidate, None)
     small_spec, small_cand = (restore(g, leaves, _real_inputs(pair[0], spec)) for g in pair)
-    return CheckPlan(small_spec, small_cand, _describe(spec, small_spec))
+    cut_loops = {lab: extents[lab] for lab in analysis.reduced if extents[lab] != lab.extent}
+    return CheckPlan(small_spec, small_cand, _describe(spec, small_spec, cut_loops))
+
+
+_IMPLICIT_MEANS = frozenset({KOp.RMS_NORM, BOp.RMS_NORM, BOp.ACC_RMS_LAST})
+
+
+def _loop_cuttable(analysis, spec: KernelGraph, candidate: KernelGraph) -> frozenset:
+    """Reduced indices that may be cut when one tile per parallel dim still costs too much:
+    the winner then runs fewer iterations of the same loop. Not where an op divides by the
+    extent implicitly (rms norms): the spec and the winner would then mean different things."""
+    ops = {n.op for n in spec.nodes} | {n.op for bg, _ in candidate.custom_ops() for n in bg.nodes}
+    if ops & _IMPLICIT_MEANS:
+        return frozenset()
+    return frozenset(analysis.reduced - analysis.parallel)
 
 
 def _iotas_as_inputs(candidate: KernelGraph, leaves: dict, indexed: KernelGraph) -> KernelGraph:
@@ -107,16 +124,20 @@ def _real_inputs(small: KernelGraph, spec: KernelGraph) -> list:
     return [n for n in small.inputs if n.arg[0] in names]
 
 
+def _pair_work(spec: KernelGraph, candidate: KernelGraph) -> int:
+    return work(spec) + work(candidate)
+
+
 def _sampleable(spec: KernelGraph) -> bool:
     return all(n.op in _POSITIONLESS or isinstance(n.op, TOp) for n in spec.nodes)
 
 
-def _halve_one(spec, candidate, analysis, extents):
-    """Halve the longest parallel index the winner's tiles allow: (extents, (spec, candidate))."""
-    # an index that reaches an output but is also reduced somewhere (the columns of a row
-    # softmax) is read whole by every output element: it is not cut
-    cuttable = analysis.parallel - analysis.reduced
-    for lab in sorted(cuttable, key=lambda lab: (-extents[lab], lab.uid)):
+def _halve_one(spec, candidate, analysis, extents, labels):
+    """Halve the longest of `labels` the winner's tiles allow: (extents, (spec, candidate)).
+
+    Parallel indices come first; one that is also reduced somewhere (the columns of a row
+    softmax) is read whole by every output element and is not among them."""
+    for lab in sorted(labels, key=lambda lab: (-extents[lab], lab.uid)):
         if extents[lab] % 2:
             continue
         trial = dict(extents)
@@ -182,11 +203,15 @@ def _split(grid, imap, dim: int) -> int:
     return n
 
 
-def _describe(spec: KernelGraph, small: KernelGraph) -> str:
+def _describe(spec: KernelGraph, small: KernelGraph, cut_loops: dict) -> str:
     parts = [f"{name} {_shape(s.shape)} of {_shape(r.shape)}"
              for name, s, r in zip(spec.output_names, small.outputs, spec.outputs)]
-    return ("sampled output blocks: " + ", ".join(parts) + " (leading blocks along each parallel "
-            "dim; reduced dims whole; the bound holds for the sampled blocks)")
+    loops = ", ".join(f"{lab!r} {n} of {lab.extent}" for lab, n in sorted(
+        cut_loops.items(), key=lambda kv: kv[0].uid))
+    reduced = (f"reduced dims cut too, the loops running fewer trips: {loops}" if loops
+               else "reduced dims whole")
+    return (f"sampled output blocks: {', '.join(parts)} (leading blocks along each parallel "
+            f"dim; {reduced}; the bound holds for the sampled program)")
 
 
 def _shape(shape) -> str:

@@ -41,6 +41,7 @@ class SearchReport:
     final_check: str = ""          # what the check at the real shapes ran on (whole or sampled)
     unchecked: int = 0             # candidates not checked at the real shapes: no time was left
     simplified: int = 0            # structures the simplifier made smaller (re-verified)
+    split: int = 0                 # split-K / split-KV structures derived and verified
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -61,6 +62,8 @@ class SearchReport:
             lines.append(f"canonicalised: {', '.join(self.rules_fired)}")
         if self.simplified:
             lines.append(f"simplified: {self.simplified} structures (each re-verified)")
+        if self.split:
+            lines.append(f"split: {self.split} split-K/split-KV structures derived and verified")
         if self.final_check:
             lines.append(f"check at the real shapes: {self.final_check}")
         if self.unchecked:

@@ -1,9 +1,10 @@
 """The search runner: a flat pipeline of named steps from a spec to a verified, ranked winner.
 
     validate -> canonicalise -> reduce shapes -> enumerate structures (iterative deepening,
-    executors) -> verify, simplify and re-verify each at reduced shapes -> size for the real
-    shapes (cost model) -> rank -> check the winner at the real shapes (bounded: sampled output
-    blocks where the whole output costs too much)
+    executors) -> verify, simplify and re-verify each at reduced shapes -> derive the split-K /
+    split-KV form of each loop kernel (verified) -> size for the real shapes (cost model) ->
+    rank -> check the winner at the real shapes (bounded: sampled output blocks where the whole
+    output costs too much)
 
 `config.budget_seconds` bounds the whole call; the report says why the enumeration stopped.
 """
@@ -25,6 +26,7 @@ from mugraph.search.leaves import index_inputs, restore
 from mugraph.search.result import Candidate, SearchReport, SearchResult, SpecItself
 from mugraph.search.rules import canonicalize
 from mugraph.search.simplify import op_count, simplify
+from mugraph.search.split import split_structures
 
 
 @dataclass
@@ -139,7 +141,7 @@ def validate(spec, config) -> SearchConfig:
     return config
 
 
-FINISH_SHARE = 0.1      # of the budget kept for ranking and the final check ...
+FINISH_SHARE = 0.25     # of the budget kept for ranking and the final check ...
 FINISH_MAX = 30.0       # ... but never more than this many seconds
 
 
@@ -160,6 +162,7 @@ class _Ranking:
         self.first_found: dict = {}
         self.misfits = 0               # real-shape sizings that do not fit the target's memory
         self.simplified = 0            # structures the simplifier made smaller (re-verified)
+        self.split = 0                 # split-K / split-KV structures derived and verified
         self.deadline = float("inf")   # when sizing must stop (the enumeration's deadline)
 
     def _fits(self, graph) -> bool:
@@ -270,6 +273,23 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
             ranking.simplified += 1
             graph = simpler
         ranking.add(graph, counters.states)
+        _add_splits(graph, problem, seen, counters, ranking, passes)
+
+
+def _add_splits(graph, problem, seen, counters, ranking, passes) -> None:
+    """The split-K / split-KV structures of a verified one (search/split.py), each verified."""
+    config = problem.config
+    for variant in split_structures(graph, config.max_kernel_ops, config.max_custom_ops):
+        if variant in seen:
+            continue
+        seen.add(variant)
+        counters.candidates += 1
+        if passes(variant):
+            counters.verified += 1
+            ranking.split += 1
+            ranking.add(variant, counters.states)
+        else:
+            counters.rejected += 1
 
 
 def _rank_key(c: Candidate):
@@ -304,7 +324,7 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         verification=outcome.verification, config=config.to_json(),
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),
-        unchecked=outcome.unchecked, simplified=ranking.simplified)
+        unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split)
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
 
