@@ -42,6 +42,7 @@ class SearchReport:
     unchecked: int = 0             # candidates not checked at the real shapes: no time was left
     simplified: int = 0            # structures the simplifier made smaller (re-verified)
     split: int = 0                 # split-K / split-KV structures derived and verified
+    verifier_errors: tuple = ()    # candidates the verifier could not run (rejected), messages
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -66,6 +67,9 @@ class SearchReport:
             lines.append(f"split: {self.split} split-K/split-KV structures derived and verified")
         if self.final_check:
             lines.append(f"check at the real shapes: {self.final_check}")
+        if self.verifier_errors:
+            lines.append(f"rejected because the verifier could not run them: "
+                         f"{len(self.verifier_errors)} (first: {self.verifier_errors[0]})")
         if self.unchecked:
             lines.append(f"not checked at the real shapes (the budget ran out): "
                          f"{self.unchecked} candidates")

@@ -163,6 +163,7 @@ class _Ranking:
         self.misfits = 0               # real-shape sizings that do not fit the target's memory
         self.simplified = 0            # structures the simplifier made smaller (re-verified)
         self.split = 0                 # split-K / split-KV structures derived and verified
+        self.crashes: list = []        # verifier errors on candidates (each one rejected)
         self.deadline = float("inf")   # when sizing must stop (the enumeration's deadline)
 
     def _fits(self, graph) -> bool:
@@ -255,8 +256,12 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
     config = problem.config
 
     def passes(graph) -> bool:
-        return quick_equivalent(problem.reduced, graph, tests=config.verify_tests,
-                                seed=config.seed)
+        try:
+            return quick_equivalent(problem.reduced, graph, tests=config.verify_tests,
+                                    seed=config.seed)
+        except Exception as e:       # a verifier crash rejects the candidate, and is reported
+            ranking.crashes.append(f"{type(e).__name__}: {e}"[:300])
+            return False
 
     for graph in found:
         if graph in seen:
@@ -324,7 +329,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         verification=outcome.verification, config=config.to_json(),
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),
-        unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split)
+        unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split,
+        verifier_errors=tuple(ranking.crashes))
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
 
