@@ -141,7 +141,7 @@ def _write_result(result, folder: str, config) -> None:
 
 
 def cmd_bench(args) -> int:
-    from mugraph.search.bench import main as bench_search
+    from mugraph.bench_search import main as bench_search
     if args.what == "search":
         return bench_search(args.rest)
     raise MugraphError(f"unknown benchmark {args.what!r}",
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="only report files that differ")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(run=cmd_regen)
-    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--workloads a,b]`")
+    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--suite all] [--cases a,b]`")
     p.add_argument("what", choices=("search",))
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(run=cmd_bench)

@@ -306,6 +306,7 @@ def _rank_key(c: Candidate):
 
 
 def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched):
+    from mugraph.search.baseline import xla_estimate
     from mugraph.search.cost import estimate, roofline
     target = config.target
     ranked = list(ranking.candidates)
@@ -326,6 +327,7 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         wall_seconds=time.monotonic() - started, search_seconds=searched, rules_fired=tuple(fired),
         reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
+        xla_estimate=xla_estimate(spec, target),
         verification=outcome.verification, config=config.to_json(),
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),

@@ -194,3 +194,34 @@ def test_in_process_and_process_pool_give_the_same_result():
     assert a.best is b.best
     assert [c.graph for c in a.candidates] == [c.graph for c in b.candidates]
     assert a.report.states == b.report.states
+
+
+def test_the_bench_rows_name_the_baselines_and_the_stop():
+    from mugraph.search.bench import format_row, run_cases
+    lines = []
+    rows = run_cases([("rmsnorm_linear small", small_rmsnorm_spec())], SMALL_SPACE,
+                     out=lines.append)
+    (row,) = rows
+    assert row["fused"] and row["stop"] == "exhausted" and row["equivalent"]
+    assert row["vs_xla"] == pytest.approx(row["xla_us"] / row["winner_us"])
+    assert row["winner_s"] is not None and row["winner_s"] <= row["stop_s"] <= row["call_s"]
+    assert format_row(row) in lines and "xla-like us" in lines[1]
+    assert lines[-1].startswith("1 cases: ")
+
+
+def test_nothing_below_mugraph_imports_the_suites():
+    """DESIGN.md: the workload and generality suites are driven from mugraph/, never imported
+    by search/, verify/, codegen/ or ir/."""
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    offenders = []
+    for folder in ("search", "verify", "ir"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [f"{node.module}.{a.name}" for a in node.names] \
+                    if isinstance(node, ast.ImportFrom) and node.module else []
+                if any(n.startswith(("mugraph.workloads", "mugraph.generality")) for n in names):
+                    offenders.append(str(path.relative_to(root)))
+    assert offenders == []
