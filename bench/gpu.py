@@ -72,13 +72,15 @@ def graphs_of(w) -> dict:
 
 
 def plan_text(est) -> str:
+    """Per custom kernel: launch grid (/Ns: a loop split over N CTAs) and stages; library launches counted."""
     parts = []
     for k in est.kernels:
-        if k.kind != "custom":
-            parts.append(k.kind)
-            continue
-        split = f"/{k.splits}s" if k.splits > 1 else ""
-        parts.append(f"{'x'.join(map(str, k.grid))}{split} st{k.stages}")
+        if k.kind == "custom":
+            split = f"/{k.splits}s" if k.splits > 1 else ""
+            parts.append(f"{'x'.join(map(str, k.grid))}{split} st{k.stages}")
+    library = sum(k.kind != "custom" for k in est.kernels)
+    if library:
+        parts.append(f"{library} library launch{'es' if library > 1 else ''}")
     return "; ".join(parts)
 
 

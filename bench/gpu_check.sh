@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The whole GPU check in one call on a lent GPU machine, in a few minutes: make mugraph importable, run
-# tests/gpu, then bench/gpu.py. Logs go to $OUT (default /tmp/mugraph-gpu-check): setup.log, nvidia-smi.txt,
-# pytest.log, junit.xml, bench.log, bench.json. The device tool's call:  bash bench/gpu_check.sh
+# The whole GPU check in one call on a lent GPU machine, under 8 minutes: make mugraph importable, run tests/gpu,
+# calibrate the cost model's table on this GPU (bench/gpu.py --calibrate: copy bandwidth, launch gaps, latency,
+# L2 and per-SM fill rates), time every kernel -- reference and searched -- against jax.jit of the same function
+# on the same inputs (bench/gpu.py: CUDA events, warm-up, L2 flushed, median of 100), and print the model's
+# table with the new constants. Logs go to $OUT (default /tmp/mugraph-gpu-check): setup.log, nvidia-smi.txt,
+# pytest.log, junit.xml, calibrate.log, calibration.json (the whole table, to commit), bench.log, bench.json,
+# model.txt. The device tool's call:  bash bench/gpu_check.sh
 #
 # Packages: the lent machine's image already has CuPy, JAX with CUDA, cuda-bindings + NVRTC, SciPy, pytest and
 # Hypothesis, and reaches no registry. Only if something is missing does this try, in order: wheels carried in
@@ -100,15 +104,23 @@ setup > "$OUT/setup.log" 2>&1  # not in a pipeline: setup's exports (PY, PYTHONP
 cat "$OUT/setup.log"
 
 echo "== pytest tests/gpu"
-# the two timeouts keep the whole script near 7 minutes even when something hangs (typically: 2-4 minutes)
-timeout 240 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=8 --junitxml="$OUT/junit.xml" 2>&1 |
+# the timeouts keep the whole script under 8 minutes even when something hangs (typically: 3-5 minutes)
+timeout 210 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=8 --junitxml="$OUT/junit.xml" 2>&1 |
   tee "$OUT/pytest.log"
 tests=$?
 
-echo "== bench/gpu.py"
+echo "== bench/gpu.py --calibrate"
+timeout 45 "$PY" bench/gpu.py --calibrate --json "$OUT/calibrate.json" 2>&1 | tee "$OUT/calibrate.log"
+calibrate=$?
+cp codegen/calibration.json "$OUT/calibration.json" 2>/dev/null
+
+echo "== bench/gpu.py (reference and searched kernels vs jax.jit)"
 timeout 150 "$PY" bench/gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 bench=$?
 
-echo "== summary: pytest exit $tests, bench exit $bench"
+echo "== bench/gpu.py --model (with the calibrated constants)"
+timeout 30 "$PY" bench/gpu.py --model 2>&1 | tee "$OUT/model.txt"
+
+echo "== summary: pytest exit $tests, calibrate exit $calibrate, bench exit $bench"
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -25
-[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
+[ "$tests" -eq 0 ] && [ "$calibrate" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -5,6 +5,9 @@ from mugraph.codegen.generate import GeneratedModule, generate, generate_cuda
 from mugraph.codegen.plan import (Buffer, KernelLaunch, LaunchPlan, SmemAlloc, SmemPlan,
                                   plan_shared_memory)
 from mugraph.codegen.run_cpu import run_on_cpu
+from mugraph.codegen.sample import run_sampled
+from mugraph.codegen.schedule import KernelSchedule, kernel_schedule
 
-__all__ = ["Buffer", "CompiledKernel", "GeneratedModule", "KernelLaunch", "LaunchPlan", "SmemAlloc",
-           "SmemPlan", "compile_cuda", "generate", "generate_cuda", "plan_shared_memory", "run_on_cpu"]
+__all__ = ["Buffer", "CompiledKernel", "GeneratedModule", "KernelLaunch", "KernelSchedule", "LaunchPlan",
+           "SmemAlloc", "SmemPlan", "compile_cuda", "generate", "generate_cuda", "kernel_schedule",
+           "plan_shared_memory", "run_on_cpu", "run_sampled"]

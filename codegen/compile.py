@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+from mugraph.ir.cache_dir import usable_dir
 from mugraph.ir.errors import CompileError, InvalidInput
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
@@ -106,6 +107,8 @@ def compile_cuda(source: str, arch: str = "sm_80", *, name: str = "kernel", opti
     key = _cache_key(source, arch, name, options, backend)
     with _MEMO_LOCK:
         kernel = _MEMO.get(key)
+    if cache_dir:
+        cache_dir = usable_dir(cache_dir, "NVRTC builds")
     if kernel is None and cache_dir:
         kernel = _load_from_disk(cache_dir, key)
     if kernel is None:
@@ -349,7 +352,10 @@ def runtime_digest() -> str:
 def _toolchain_version(backend: str) -> str:
     if backend == "nvrtc":
         return f"nvrtc-{_nvrtc_version()}"
-    proc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+    try:
+        proc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+    except FileNotFoundError:
+        return "nvcc-missing"  # compiling says so, with a hint
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else "nvcc-unknown"
 
 
@@ -366,9 +372,18 @@ def _load_from_disk(cache_dir, key: str) -> CompiledKernel | None:
     meta_path, cubin_path = Path(cache_dir) / f"{key}.json", Path(cache_dir) / f"{key}.cubin"
     if not _on_disk(cache_dir, key):
         return None
-    meta = json.loads(meta_path.read_text())
-    kernels = MappingProxyType({k: KernelResources(**v) for k, v in meta.pop("kernels").items()})
-    return CompiledKernel(cubin=cubin_path.read_bytes(), kernels=kernels, **meta)
+    try:
+        meta = json.loads(meta_path.read_text())
+        kernels = MappingProxyType({k: KernelResources(**v) for k, v in meta.pop("kernels").items()})
+        cubin = cubin_path.read_bytes()
+        if not cubin:
+            raise ValueError("empty CUBIN")
+        return CompiledKernel(cubin=cubin, kernels=kernels, **meta)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        # a damaged entry (truncated JSON, an empty CUBIN, an older layout): compile it again
+        meta_path.unlink(missing_ok=True)
+        cubin_path.unlink(missing_ok=True)
+        return None
 
 
 def _store_on_disk(cache_dir, key: str, kernel: CompiledKernel) -> None:

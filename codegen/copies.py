@@ -58,7 +58,7 @@ def lower_inputs(lw: Lowering) -> None:
         ptr = buf
         if looped and stages > 1:
             ptr = f"{buf}c"
-            lw.loop_head.append(f"{ctype}* const {buf}c = {buf} + it % {stages} * {layout.elems};")
+            lw.loop_head.append(f"MG_SPTR({ctype}) const {buf}c = {buf} + it % {stages} * {layout.elems};")
         lw.place[node] = Tile(buf, ptr, layout, spec.dtype, tile)
         if rows_p != rows or cols_p != cols:
             pad_lines += pad_tile(lw, buf, layout, rows, cols, stages)
@@ -140,6 +140,8 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
             offset = f"{base} + (long long){it} * {step}"
     rows_shape = tile[:-1]
     cols = tile[-1]
+    if view.iota is not None:
+        return iota_lines(lw, spec, view, dst, layout, offset), False
     vector = view.strides[-1] == 1 and (cols * size) % CHUNK == 0 and \
         all((s * size) % CHUNK == 0 for s in view.strides[:-1])
     if vector:
@@ -162,6 +164,20 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
         b, r, c = tile_bcr(tile, coords)
         return [f"{dst}[{layout.index(b, r, c)}] = {src}[{offset} + {strided(coords, view.strides)}];"]
     return loops.thread_stride(lw, prod(tile), scalar, "scalar loads (rows not 16-byte chunks or strided)"), False
+
+
+def iota_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout, offset: str) -> list[str]:
+    """An index tile computed from the element offsets its loads would use: no global memory is read."""
+    tile = tuple(spec.tile_shape)
+    stride, extent = view.iota
+    store = R.DTYPE_C[spec.dtype].store
+
+    def body(e):
+        coords = unravel(e, tile)
+        b, r, c = tile_bcr(tile, coords)
+        index = f"({offset} + {strided(coords, view.strides)}) / {stride} % {extent}"
+        return [f"{dst}[{layout.index(b, r, c)}] = {store.format(f'(float)({index})')};"]
+    return loops.thread_stride(lw, prod(tile), body, "index values (an iota: computed, not loaded)")
 
 
 def pad_tile(lw: Lowering, buf, layout: TileLayout, rows, cols, stages) -> list[str]:

@@ -29,6 +29,7 @@ import shlex
 import subprocess
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,13 +37,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from mugraph.codegen.compile import RUNTIME_DIR, first_error_line, runtime_digest, source_excerpt
-from mugraph.ir.errors import CompileError, InvalidInput, MugraphError
+from mugraph.ir.cache_dir import usable_dir
+from mugraph.ir.errors import CacheWarning, CompileError, InvalidInput, MugraphError
 from mugraph.ir.settings import settings
 
 SCHEDULES = {"rr": 0, "reverse": 1, "random": 2, "warpgreedy": 3}
 LANDINGS = {"wait": 0, "commit": 1, "random": 2}
 FAULT_KINDS = {1: "misaligned", 2: "deadlock", 3: "smem_out_of_bounds", 4: "divergent_collective",
-               5: "bad_launch", 6: "stack_overflow", 7: "bad_argument"}
+               5: "bad_launch", 6: "stack_overflow", 7: "bad_argument", 8: "race", 9: "global_out_of_bounds"}
+CHECK_DEFINE = "MG_SHIM_CHECK"  # build_cpu(..., defines=[CHECK_DEFINE]): the race and bounds checking build
 MAX_THREADS_PER_BLOCK = 1024
 MAX_SMEM_BYTES = 227 * 1024  # the largest any supported arch allows; the shim enforces the same
 DEFAULT_STACK_BYTES = 256 * 1024
@@ -63,6 +66,10 @@ _FAULT_HINTS = {
     "stack_overflow": "a fiber ran out of stack: pass a larger stack_bytes to run()",
     "bad_launch": "check grid, block (warp collectives need whole warps) and smem_bytes against the kernel",
     "bad_argument": "an intrinsic got an operand outside its range (e.g. cp.async zfill src_bytes > 16)",
+    "race": "two threads touched the same shared bytes between two barriers: a __syncthreads (or a cp.async "
+            "wait_group before it) is missing between the write and the other access",
+    "global_out_of_bounds": "a global load or store falls outside every array passed to the launch: check the "
+                            "tile origins and strides against the tensors' shapes",
 }
 
 
@@ -82,7 +89,9 @@ class _LaunchConfig(ctypes.Structure):  # mirrors mgshim::LaunchConfig in cuda_c
     _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem_bytes", ctypes.c_uint64),
                 ("seed", ctypes.c_uint64), ("stack_bytes", ctypes.c_uint64), ("schedule", ctypes.c_int32),
                 ("landing", ctypes.c_int32), ("workers", ctypes.c_int32), ("fault", ctypes.c_int32),
-                ("message", ctypes.c_char * 2048)]
+                ("message", ctypes.c_char * 2048), ("blocks", ctypes.POINTER(ctypes.c_uint64)),
+                ("nblocks", ctypes.c_uint64), ("ranges", ctypes.POINTER(ctypes.c_uint64)),
+                ("nranges", ctypes.c_uint64)]
 
 
 _SCALARS = {"b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
@@ -105,8 +114,13 @@ class CpuModule:
 
     def run(self, entry: str | None, args: Sequence[Any], grid, block, smem_bytes: int = 0, *,
             schedule: str | None = None, seed: int | None = None, workers: int | None = None,
-            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES) -> None:
+            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES, blocks: Sequence[int] | None = None
+            ) -> None:
         """Launch ``entry`` on the CPU; raises KernelFault when the shim detects a fault.
+
+        ``blocks``: run only these blocks (linear ids, x fastest) of the grid, e.g. a sample of a large grid.
+        In a check build (``defines=[CHECK_DEFINE]``) every global access must fall inside one of the numpy
+        arrays passed (an address passed as an int is not a buffer the check knows).
 
         ``args``: numpy arrays (C-contiguous; passed by address), raw addresses or None for pointer parameters,
         Python numbers for the rest. ``schedule``: rr | reverse | random | warpgreedy, with ``seed`` for the
@@ -119,6 +133,13 @@ class CpuModule:
         keep_alive = _pack_args(name, self.signature(name), args)
         pointers = (ctypes.c_void_p * max(1, len(keep_alive)))(*[ctypes.addressof(a) for a in keep_alive])
         cfg = _launch_config(grid, block, smem_bytes, schedule, seed, workers, cp_async, stack_bytes)
+        ids = None
+        if blocks is not None:
+            ids = (ctypes.c_uint64 * max(1, len(blocks)))(*[int(b) for b in blocks])
+            cfg.blocks, cfg.nblocks = ctypes.cast(ids, ctypes.POINTER(ctypes.c_uint64)), len(blocks)
+        spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in args if isinstance(a, np.ndarray)]
+        ranges = (ctypes.c_uint64 * max(1, 2 * len(spans)))(*[x for span in spans for x in span])
+        cfg.ranges, cfg.nranges = ctypes.cast(ranges, ctypes.POINTER(ctypes.c_uint64)), len(spans)
         if getattr(self._lib, f"mg_cpu_launch_{name}")(pointers, ctypes.byref(cfg)) != 0:
             kind = FAULT_KINDS.get(cfg.fault, f"fault {cfg.fault}")
             raise KernelFault(kind, cfg.message.decode(errors="replace"), entry=name)
@@ -145,13 +166,22 @@ def build_cpu(source: str, entry: str | Sequence[str] | None = None, *, defines:
         raise InvalidInput("the source exports no kernel", hint="pass entry='kernel_name' or add MG_CPU_ENTRY(name)")
     flags = _header_flags(fast_switch)
     macros = _macros(defines)
-    cache = Path(cache_dir) if cache_dir else cache_root() / "cpu"
+    cache = usable_dir(Path(cache_dir) if cache_dir else cache_root() / "cpu", "CPU-harness builds")
     key = _digest([source, flags, macros, runtime_digest(), _compiler_version()])
     with _MEMO_LOCK:
         if (cache, key) in _MEMO:
             return _MEMO[cache, key]
     so, seconds = _build(source, flags, macros, cache, key, pch)
-    module = CpuModule(path=so, entries=entries, build_seconds=seconds, _lib=_load(so, entries))
+    try:
+        lib = _load(so, entries)
+    except (OSError, AttributeError, CompileError) as e:
+        # a garbage, empty or stale .so (a crash mid-write, a full disk, an older shim): rebuild it
+        warnings.warn(f"CPU-harness build {so.name} was unusable ({type(e).__name__}); rebuilding it",
+                      CacheWarning, stacklevel=2)
+        so.unlink(missing_ok=True)
+        so, seconds = _build(source, flags, macros, cache, key, pch)
+        lib = _load(so, entries)
+    module = CpuModule(path=so, entries=entries, build_seconds=seconds, _lib=lib)
     with _MEMO_LOCK:
         return _MEMO.setdefault((cache, key), module)
 
@@ -255,7 +285,10 @@ def _pch_dir(cache: Path, flags: list[str]) -> Path:
 
 
 def _run_gxx(cmd: list[str], source: str, file_name: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise CompileError("g++ not found; the CPU harness needs it", hint="apt-get install g++") from None
     if proc.returncode != 0:
         log = proc.stderr.strip()
         line = first_error_line(log, file_name)

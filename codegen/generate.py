@@ -47,9 +47,9 @@ def generate(graph: KernelGraph, arch="sm_80", *, prefix: str = "mg_kernel") -> 
     customs, launches, buffers = planner.run()
     kernels, fixed = [], {}
     for ck in customs:
-        params = list(dict.fromkeys(v.param for v in ck.inputs)) + list(ck.outputs)
+        params = list(dict.fromkeys(v.param for v in ck.inputs if v.param is not None)) + list(ck.outputs)
         cname = {b: f"p{i}" for i, b in enumerate(params)}
-        views = ([InputView(cname[v.param], v.dtype, v.strides) for v in ck.inputs],
+        views = ([replace(v, param=cname.get(v.param)) for v in ck.inputs],
                  [OutputView(cname[o]) for o in ck.outputs])
         ir, plan = lower_and_plan(ck.graph, spec, ck.name, views)
         kernels.append(render_kernel(ir, plan))

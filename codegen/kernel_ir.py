@@ -11,11 +11,16 @@ from mugraph.ir.dtypes import DType
 
 @dataclass(frozen=True)
 class InputView:
-    """A kernel parameter as one block input sees it: element strides into the parameter's buffer."""
+    """A kernel parameter as one block input sees it: element strides into the parameter's buffer.
 
-    param: str
+    ``iota``: (stride, extent) when the input is an index tensor the kernel computes instead of loading (no
+    parameter): the element at offset o of its row-major root holds (o / stride) % extent.
+    """
+
+    param: str | None
     dtype: DType
     strides: tuple
+    iota: tuple | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,10 @@ _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
 
 def special_functions(xp):
-    """``scipy.special`` for NumPy, ``cupyx.scipy.special`` for CuPy (erf, expit)."""
+    """``scipy.special`` for NumPy, ``cupyx.scipy.special`` for CuPy (erf, expit); an array module
+    may bring its own as ``xp.scipy_special`` (JAX's, in ``mugraph.jax_integration``)."""
+    if hasattr(xp, "scipy_special"):
+        return xp.scipy_special
     if xp is np:
         from scipy import special
     else:

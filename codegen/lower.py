@@ -93,7 +93,7 @@ class Lowering:
     def buffer(self, role: str, nbytes: int, what: str, ctype: str = "float", **kw) -> str:
         name = self.fresh("sm")
         self.buffers[name] = SmemBuffer(name, nbytes, role, what, **kw)
-        self.kernel_decls.append(f"{ctype}* const {name} = ({ctype}*)(smem + {{off:{name}}});  // {what}")
+        self.kernel_decls.append(f"MG_SPTR({ctype}) const {name} = ({ctype}*)(smem + {{off:{name}}});  // {what}")
         return name
 
     def emit(self, step: Step, region: str | None = None) -> None:

@@ -139,7 +139,7 @@ def _stage_from_smem(lw: Lowering, src, buf, layout: TileLayout, rows, cols, con
                         else convert(v))
         words = ", ".join(f"mg_pack2({vals[2 * w]}, {vals[2 * w + 1]})" for w in range(4))
         col0 = f"{cc} * 8" if per_row > 1 else "0"
-        return [f"*(mg_u32x4*)&{buf}[{layout.index(b, r, col0)}] = mg_u32x4{{{words}}};"]
+        return [f"mg_st16(&{buf}[{layout.index(b, r, col0)}], mg_u32x4{{{words}}});"]
     return loops.plain_loop(lw, full, body), reads
 
 

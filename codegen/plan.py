@@ -193,7 +193,7 @@ def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: 
         raise ResourceError(f"block graph {bg!r} uses {bg.threads} threads; {arch.name} allows {arch.max_threads}")
     params, seen = [], set()
     for v in inputs:
-        if v.param not in seen:
+        if v.param is not None and v.param not in seen:  # None: an index tile the kernel computes
             seen.add(v.param)
             params.append((v.param, v.dtype, True))
     for v, out in zip(outputs, bg.outputs):
@@ -269,8 +269,8 @@ class GraphPlanner:
                 if key not in done:
                     done[key] = self._custom(node)
                 self.names[node] = done[key][node.arg[1]]
-            elif node.op in KERNEL_LAYOUT and node not in needed:
-                continue
+            elif (node.op in KERNEL_LAYOUT or node.op is KOp.IOTA) and node not in needed:
+                continue   # a view, or an index tensor its custom kernels compute
             elif node.op is KOp.INPUT:
                 raise InvalidGraph(f"input {node.arg[0]!r} is used but not listed among the graph's inputs")
             else:
@@ -318,7 +318,11 @@ class GraphPlanner:
         views = []
         for src in node.srcs:
             root, strides = view_of(src)
-            views.append(InputView(self.names[root], src.dtype, strides))
+            if root.op is KOp.IOTA and root not in self.names:  # computed in the kernel, never loaded
+                shape, dim, _ = root.arg
+                views.append(InputView(None, src.dtype, strides, (row_major(shape)[dim], shape[dim])))
+            else:
+                views.append(InputView(self.names[root], src.dtype, strides))
         outs = []
         for i, spec in enumerate(bg.outputs):
             twin = KNode(KOp.CUSTOM, node.srcs, (bg, i))
@@ -326,7 +330,7 @@ class GraphPlanner:
                                          shape=spec.shape, dtype=spec.dtype))
         name = f"{self.prefix}{len(self.customs)}"
         self.customs.append(CustomKernel(name, bg, tuple(views), tuple(outs)))
-        params = list(dict.fromkeys(v.param for v in views)) + outs
+        params = list(dict.fromkeys(v.param for v in views if v.param is not None)) + outs
         self.launches.append(KernelLaunch(name, "custom", bg.grid, (bg.threads, 1, 1), 0, tuple(params)))
         return outs
 
@@ -339,4 +343,4 @@ class GraphPlanner:
 def param_ctype(dtype: DType | None, const: bool) -> str:
     """A pointer parameter's C type; ``dtype`` None: the unsigned counters of a split loop."""
     storage = "unsigned" if dtype is None else DTYPE_C[dtype].storage
-    return f"{'const ' if const else ''}{storage}* __restrict__"
+    return f"MG_PARAM({'const ' if const else ''}{storage})"

@@ -1,8 +1,10 @@
-"""Regenerate the committed kernels, ``kernels_generated/<workload>/{graph.json, kernel.cu, report.md}`` and an
-index, or check that the committed files are exactly what the generator produces today.
+"""The committed kernels' folders, rendered from kernel cases: per case ``graph.json``, ``kernel.cu`` (plus
+``kernel.<arch>.cu`` where an arch's source differs) and ``report.md``; an index over them; and the check that the
+committed files are exactly what the generator produces today. The workloads that make the cases are driven by
+``mugraph.regen`` (nothing here imports the suite).
 
 Only deterministic facts go into the files (launch plan, registers, shared memory, spills, HMMA count in the
-SASS, the CPU-harness check at small shapes); compile times vary from run to run, so they go to ``log`` only.
+SASS, the CPU-harness check); compile times vary from run to run, so they go to ``log`` only.
 """
 from __future__ import annotations
 
@@ -12,13 +14,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from mugraph import ir
 from mugraph.codegen.compile import CompiledKernel, compile_cuda
-from mugraph.ir.errors import CompileError, MugraphError
+from mugraph.ir.errors import CompileError
 from mugraph.ir.settings import settings
 
 ARCHS = ("sm_80", "sm_90")
@@ -29,37 +31,36 @@ _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
-class GraphSource:
-    """Where each workload's committed graph comes from: a label for the reports and a builder. ``build`` may
-    return None for a shape it has no graph for (the small-shape CPU check is then skipped)."""
+class KernelCase:
+    """One folder's worth: a graph, where it came from (``label``), the inputs it was made for, the CPU-harness
+    check to run on its generated CUDA (a callable giving the verdict line) and extra report sections."""
 
+    name: str
+    description: str
+    inputs: tuple          # (name, shape, DType) per graph input
+    graph: object          # KernelGraph
     label: str
-    build: Callable  # Workload -> KernelGraph | None
+    cpu_check: Callable[[Callable[[str], None]], str]
+    extra: tuple = ()      # markdown lines appended to the report
+    kept: tuple = ()       # files of the folder that the case reads (name, text): written back unchanged
 
 
-REFERENCE = GraphSource("the hand-written fused μGraph (`Workload.reference()`)", lambda w: w.reference())
-
-
-def regenerate(root: str | Path | None = None, workloads: Iterable[str] | None = None,
-               archs: Sequence[str] = ARCHS, check: bool = False, *, source: GraphSource = REFERENCE,
-               log: Callable[[str], None] | None = None) -> list[Path]:
-    """Write every workload's folder (and, for the whole suite, the index) under ``root``; returns the files.
-
-    ``root`` defaults to the repository's ``kernels_generated``. With ``check=True`` nothing is written and the
-    result is the stale files: different, missing, or no longer produced.
-    """
-    from mugraph import workloads as suite
+def regenerate_cases(root: str | Path | None, cases: dict, archs: Sequence[str] = ARCHS, check: bool = False,
+                     *, whole_suite: bool, index_label: str = "", log: Callable[[str], None] | None = None
+                     ) -> list[Path]:
+    """Write (or with ``check`` list the stale files of) every case's folder under ``root``: ``cases`` maps a
+    folder (relative to ``root``) to its KernelCase. The index is written only for the ``whole_suite``."""
     root = Path(root) if root is not None else DEFAULT_ROOT
-    names = list(workloads) if workloads is not None else suite.names()
     files: dict[Path, str] = {}
     summaries = []
-    for name in names:
-        folder, summary = render_workload(suite.get(name), tuple(archs), source, log or (lambda line: None))
-        files |= {root / name / file: text for file, text in folder.items()}
-        summaries.append(summary)
-    if workloads is None:  # the index covers the whole suite, so only a full run writes it
-        files[root / "README.md"] = render_index(summaries, tuple(archs), source)
-    return stale_files(files, root, names, whole_suite=workloads is None) if check else write_files(files)
+    for folder, case in cases.items():
+        texts, summary = render_case(case, tuple(archs), log or (lambda line: None))
+        files |= {root / folder / file: text for file, text in texts.items()}
+        summaries.append((folder, summary))
+    if whole_suite:
+        files[root / "README.md"] = render_index(summaries, tuple(archs), index_label)
+    folders = [root / f for f in cases]
+    return stale_files(files, root, folders, whole_suite=whole_suite) if check else write_files(files)
 
 
 # ---- one workload --------------------------------------------------------------------------------------------------
@@ -83,16 +84,16 @@ class Summary:
     cpu_check: str
 
 
-def render_workload(w, archs: tuple, source: GraphSource, log) -> tuple[dict[str, str], Summary]:
-    """The files of ``w``'s folder (name -> text) and its line in the index."""
+def render_case(case: KernelCase, archs: tuple, log) -> tuple[dict[str, str], "Summary"]:
+    """The files of ``case``'s folder (name -> text) and its line in the index."""
     from mugraph.codegen import generate
-    graph = source.build(w)
-    modules = {arch: generate(graph, arch=arch) for arch in archs}
-    facts = {arch: compile_facts(w.name, module, log) for arch, module in modules.items()}
-    cpu_check = cpu_harness_check(w, source, log)
-    files = {"graph.json": ir.to_json(graph) + "\n", **kernel_files(modules)}
-    files["report.md"] = render_report(w, source, modules, facts, cpu_check, files)
-    summary = Summary(w.name, w.description, len(modules[archs[0]].plan.kernels), facts, cpu_check)
+    modules = {arch: generate(case.graph, arch=arch) for arch in archs}
+    ident = re.sub(r"\W+", "_", case.name).strip("_") or "kernel"
+    facts = {arch: compile_facts(ident, module, log) for arch, module in modules.items()}
+    cpu_check = case.cpu_check(log)
+    files = {"graph.json": ir.to_json(case.graph) + "\n", **kernel_files(modules), **dict(case.kept)}
+    files["report.md"] = render_report(case, modules, facts, cpu_check, files)
+    summary = Summary(case.name, case.description, len(modules[archs[0]].plan.kernels), facts, cpu_check)
     return files, summary
 
 
@@ -145,25 +146,6 @@ def hmma_counts(compiled: CompiledKernel) -> dict:
     return counts
 
 
-def cpu_harness_check(w, source: GraphSource, log) -> str:
-    """The generated CUDA of the small-shape graph on the CPU harness against the spec in float64."""
-    from mugraph.codegen import run_on_cpu
-    small = w.small()
-    graph = source.build(small)
-    if graph is None:
-        return "not run: no graph at the small shapes"
-    arrays = small.random_inputs(seed=0)
-    start = time.perf_counter()
-    try:
-        got = run_on_cpu(graph, arrays)
-    except MugraphError as e:
-        return f"FAIL: {type(e).__name__}: {str(e).splitlines()[0]}"
-    log(f"{w.name}: CPU harness {time.perf_counter() - start:.2f}s")
-    error = max_relative_error(got, ir.interpret(small.spec(), arrays))
-    verdict = "pass" if error <= CPU_TOLERANCE else "FAIL"
-    return f"{verdict}: max error {error:.1e} of the output scale (tolerance {CPU_TOLERANCE:.0e})"
-
-
 def max_relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
     worst = 0.0
     for g, r in zip(got, want, strict=True):
@@ -208,12 +190,11 @@ def render_resources(facts: dict) -> list[str]:
     return lines + ["", f"Compiled with {', '.join(toolchains) or 'nothing (library launches only)'}."]
 
 
-def render_report(w, source: GraphSource, modules: dict, facts: dict, cpu_check: str, files: dict) -> str:
-    inputs = ", ".join(_shape(n, s, d) for n, s, d in w.inputs)
-    small = ", ".join(_shape(n, s, d) for n, s, d in w.small().inputs)
+def render_report(case: KernelCase, modules: dict, facts: dict, cpu_check: str, files: dict) -> str:
+    inputs = ", ".join(_shape(n, s, d) for n, s, d in case.inputs)
     sources = [f"`{f}`" for f in files if f.endswith(".cu")]
     same = f" (the same for {', '.join(modules)})" if len(sources) == 1 and len(modules) > 1 else ""
-    lines = [f"# {w.name}: {w.description}", "", f"Inputs: {inputs}. Graph: {source.label}, in `graph.json`.",
+    lines = [f"# {case.name}: {case.description}", "", f"Inputs: {inputs}. Graph: {case.label}, in `graph.json`.",
              f"Generated CUDA: {', '.join(sources)}{same}.", ""]
     plans = {arch: m.plan for arch, m in modules.items()}
     first = next(iter(plans))
@@ -223,29 +204,30 @@ def render_report(w, source: GraphSource, modules: dict, facts: dict, cpu_check:
         for arch, plan in plans.items():
             lines += [f"## Launch plan ({arch})", "", *render_plan(plan), ""]
     lines += ["## Resources", "", *render_resources(facts), ""]
-    lines += ["## CPU harness", "", f"The generated CUDA at the small shapes ({small}), random inputs (seed 0), "
-              f"against the spec in float64: {cpu_check}.", ""]
-    return "\n".join(lines)
+    lines += ["## CPU harness", "", f"{cpu_check}.", "", *case.extra]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def render_index(summaries: list, archs: tuple, source: GraphSource) -> str:
+def render_index(summaries: list, archs: tuple, label: str) -> str:
     head = " / ".join(archs)
-    lines = ["# Generated kernels", "",
-             f"One folder per workload: its graph as `graph.json` (from {source.label}), its generated CUDA "
-             "(`kernel.cu`, plus `kernel.<arch>.cu` where an arch's source differs) and `report.md` (launch plan, "
-             "compiler resources, CPU-harness check).", "",
-             "Written by `mugraph regen` (`mugraph.codegen.regen.regenerate`); `tests/test_kernels_generated.py` "
+    lines = ["# Generated kernels", "", label, "",
+             "Written by `mugraph regen` (`mugraph.regen.regenerate`); `tests/test_kernels_generated.py` "
              "fails when these files differ from what the generator produces today. Compile times vary from run "
              "to run and are printed by `mugraph regen`, not recorded here.", "",
-             f"| workload | what | launches | max registers ({head}) | spills ({head}) | HMMA ({head}) | "
-             "CPU harness (small shapes) |", "|---|---|---|---|---|---|---|"]
-    for s in summaries:
+             f"| kernel | what | launches | max registers ({head}) | spills ({head}) | HMMA ({head}) | "
+             "CPU harness |", "|---|---|---|---|---|---|---|"]
+    for folder, s in summaries:
         regs = " / ".join(str(max((k[0] for k in s.facts[a].kernels.values()), default=0)) for a in archs)
         spills = " / ".join(str(sum(k[2] for k in s.facts[a].kernels.values())) for a in archs)
         hmma = " / ".join(_total(s.facts[a].hmma) for a in archs)
-        lines.append(f"| [{s.name}]({s.name}/report.md) | {s.description} | {s.launches} | {regs} | {spills} | "
-                     f"{hmma} | {s.cpu_check.split(':')[0]} |")
+        lines.append(f"| [{folder}]({folder}/report.md) | {s.description} | {s.launches} | {regs} | {spills} | "
+                     f"{hmma} | {_verdict(s.cpu_check)} |")
     return "\n".join(lines) + "\n"
+
+
+def _verdict(line: str) -> str:
+    """pass, FAIL or not run: the verdict of a CPU-harness line."""
+    return next((v for v in ("FAIL", "pass", "not run") if f": {v}" in line), "?")
 
 
 def _total(counts: dict) -> str:
@@ -264,11 +246,12 @@ def write_files(files: dict[Path, str]) -> list[Path]:
     return sorted(files)
 
 
-def stale_files(files: dict[Path, str], root: Path, names: list[str], *, whole_suite: bool) -> list[Path]:
-    """Files that differ from ``files``, are missing, or sit in a workload folder the generator no longer fills."""
+def stale_files(files: dict[Path, str], root: Path, folders: list[Path], *, whole_suite: bool) -> list[Path]:
+    """Files that differ from ``files``, are missing, or sit in a case folder the generator no longer fills."""
     stale = [p for p, text in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != text]
-    folders = [root / n for n in names]
+    folders = list(folders)
     if whole_suite and root.is_dir():
-        folders += [d for d in root.iterdir() if d.is_dir() and d.name not in names and d.name != "__pycache__"]
+        top = {f.relative_to(root).parts[0] for f in folders}
+        folders += [d for d in root.iterdir() if d.is_dir() and d.name not in top and d.name != "__pycache__"]
     extra = [p for d in folders if d.is_dir() for p in d.iterdir() if p.is_file() and p not in files]
     return sorted(stale + extra)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mugraph.codegen.cpu import CpuModule, build_cpu
+from mugraph.codegen.cpu import CHECK_DEFINE, CpuModule, build_cpu
 from mugraph.codegen.generate import GeneratedModule, generate
 from mugraph.codegen.library_ops import library_op
 from mugraph.ir.interpret import bind_inputs
@@ -22,12 +22,15 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
 
 def run_on_cpu(graph, arrays, *, schedule: str = "rr", seed: int = 0, arch: str = "sm_80",
-               workers: int | None = None) -> list[np.ndarray]:
+               workers: int | None = None, check: bool = False) -> list[np.ndarray]:
     """Outputs of ``graph`` on ``arrays`` (a list in input order or a dict by name), computed by the generated
-    kernels on the CPU shim; ``schedule`` and ``seed`` pick the shim's thread interleaving."""
+    kernels on the CPU shim; ``schedule`` and ``seed`` pick the shim's thread interleaving. ``check``: the
+    checking build -- a shared-memory race between barriers or an out-of-bounds global access raises
+    KernelFault (whatever the schedule)."""
     module = generate(graph, arch)
     customs = [k.name for k in module.plan.kernels if k.kind == "custom"]
-    cpu = build_cpu(module.source, list(dict.fromkeys(customs))) if customs else None
+    defines = [CHECK_DEFINE] if check else []
+    cpu = build_cpu(module.source, list(dict.fromkeys(customs)), defines=defines) if customs else None
     return run_plan(module, cpu, bind_inputs(graph, arrays), schedule=schedule, seed=seed, workers=workers)
 
 

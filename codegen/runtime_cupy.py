@@ -19,6 +19,7 @@ import numpy as np
 
 from mugraph.codegen.compile import RUNTIME_DIR, TARGETS, CompiledKernel, compile_cuda
 from mugraph.codegen.library_ops import library_op
+from mugraph.ir.cache_dir import usable_dir
 from mugraph.ir.errors import InvalidGraph, InvalidInput, NoDevice, ResourceError
 from mugraph.ir.settings import settings
 
@@ -110,9 +111,9 @@ def _major(arch: str) -> int:
 
 def cubin_path(cubin: bytes) -> Path:
     """A file holding ``cubin`` in mugraph's cache, named by its content (CuPy loads CUBINs from files)."""
-    path = Path(settings.cache_dir) / "cubin" / f"{hashlib.sha256(cubin).hexdigest()[:32]}.cubin"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
+    folder = usable_dir(Path(settings.cache_dir) / "cubin", "CUBIN files")
+    path = folder / f"{hashlib.sha256(cubin).hexdigest()[:32]}.cubin"
+    if not path.is_file() or path.stat().st_size != len(cubin):
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(cubin)
         os.replace(tmp, path)

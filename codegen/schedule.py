@@ -17,6 +17,8 @@ The rules, in order:
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -97,13 +99,6 @@ def _schedule(bg: BlockGraph, arch: ArchSpec) -> KernelSchedule:
                           plan.total_bytes, 4 * ir.state_floats, _registers(ir))
 
 
-def _prod(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
-
-
 def _state_bytes(bg: BlockGraph, arch: ArchSpec) -> int:
     """The partial state one CTA would publish if the loop were split (a split by the smallest divisor of the
     loop measures it: the state does not depend on the split)."""
@@ -162,19 +157,20 @@ def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int,
     return _deepest(ctas, trips, arch, stage_bytes, smem_one, 1 + ceil_div(int(need), stage_bytes))
 
 
+_ARRAY = re.compile(r"\b(?:float )?\w+((?:\[\d+\])+)")  # a register array in a declaration
+
+
+def _floats(lines) -> int:
+    """Floats the ``float`` array declarations among ``lines`` hold."""
+    total = 0
+    for line in lines:
+        if line.startswith("float "):
+            code = line.split("//")[0].split("=")[0] if "= {" in line else line.split("//")[0]
+            total += sum(math.prod(int(d) for d in re.findall(r"\d+", m.group(1))) for m in _ARRAY.finditer(code))
+    return total
+
+
 def _registers(ir) -> int:
     """Floats each thread keeps in registers: accumulator state and the largest step's own arrays."""
-    import re
-    decl = re.compile(r"^float (\w+)((?:\[\d+\])+)")
-
-    def floats(lines):
-        total = 0
-        for line in lines:
-            for part in line.split(", "):
-                m = decl.match(part.strip() if part.startswith("float") else "float " + part.strip())
-                if m:
-                    total += _prod(int(d) for d in re.findall(r"\d+", m.group(2)))
-        return total
-    state = floats(ir.acc_decls)
-    work = max((floats(s.decls) for s in ir.steps), default=0)
-    return min(MAX_REGS, BASE_REGS + state + work)
+    work = max((_floats(s.decls) for s in ir.steps), default=0)
+    return min(MAX_REGS, BASE_REGS + _floats(ir.acc_decls) + work)

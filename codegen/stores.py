@@ -60,7 +60,7 @@ def _pair_store(lw: Lowering, p: Reg, shape, param: str, base: str, gstrides, dt
     coords = loops.frag_coords(shape)
     index = f"{base} + {strided(coords, gstrides)}"
     pair = f"mg_pack2({cvt.format(p.var + '[bi][mi][ni][2 * h]')}, {cvt.format(p.var + '[bi][mi][ni][2 * h + 1]')})"
-    inner = loops.guarded(loops.frag_valid(f), [f"*(unsigned*)&{param}[{index}] = {pair};"], "  ")
+    inner = loops.guarded(loops.frag_valid(f), [f"mg_st32(&{param}[{index}], {pair});"], "  ")
     row, col = c_index(loops.ROW_HALF)  # the pair's first register: 2h
     return ["#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi)", "#pragma unroll",
             f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll", f"for (int ni = 0; ni < {f.tn}; ++ni)",

@@ -18,9 +18,22 @@ from mugraph.ir.thread import ThreadChain, thread_chains
 
 
 def from_jax(fn, *example_args, **kwargs) -> KernelGraph:
-    """Trace `fn` with jax.make_jaxpr and lift the jaxpr into a KernelGraph (see `jax_frontend`)."""
+    """Trace `fn` with jax.make_jaxpr and lift the jaxpr into a KernelGraph (see `jax_frontend`).
+
+    Anything the front end does not foresee is an UnsupportedOp naming the function and the
+    original error, never a raw exception from inside the lifting rules."""
     from mugraph.ir.jax_frontend import from_jax as _from_jax
-    return _from_jax(fn, *example_args, **kwargs)
+    try:
+        return _from_jax(fn, *example_args, **kwargs)
+    except MugraphError:
+        raise
+    except Exception as e:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise UnsupportedOp(f"mugraph could not lift {name}: {type(e).__name__}: {e}",
+                            primitive="unknown",
+                            hint="the program uses a construct the JAX front end does not "
+                                 "handle (e.g. PRNG keys, integer or boolean values); keep it "
+                                 "outside the function you superoptimize") from e
 
 
 __all__ = ["BlockBuilder", "BlockGraph", "BlockInput", "BlockOutput", "BNode", "BOp", "DType",

@@ -87,3 +87,16 @@ class VerificationError(MugraphError):
 
 class SearchError(MugraphError):
     """A search could not run as configured (bad config, unsupported spec)."""
+
+
+class CacheWarning(UserWarning):
+    """A cache location or entry could not be used as is: a temporary folder, or a rebuild, stands in."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A search stopped by Ctrl-C or SIGTERM. A KeyboardInterrupt, so `except Exception` never
+    swallows it; `.result` holds what was found so far (the best verified candidate, or None)."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result

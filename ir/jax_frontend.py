@@ -25,10 +25,13 @@ Predicates and indices. A boolean jaxpr value is lifted to a 0/1 float mask (com
 `jnp.where(mask, s, -jnp.inf)` is one op with an inf constant. `iota` becomes a float32 IOTA
 leaf, and integer index arithmetic on it (+, -, *, max, min, comparisons) is computed in float32,
 which is exact while every value stays below 2^24 (checked per equation); other integer
-arithmetic is refused. JAX's own compositions are kept op for op, except three that lift to one
-IR op with the same values, NaN and inf included: `jax.nn.leaky_relu` and `where(x > 0, x, a*x)`
-style selects (LEAKY_RELU), `logaddexp(x, 0)` (SOFTPLUS, e.g. `jax.nn.softplus`), and x *
-sigmoid(x) (SILU).
+arithmetic is refused. A mask cast to a float keeps the program's dtype where the values allow
+(0/1, small indices in fp16). JAX's compositions are kept op for op, except a few that lift to
+one IR op with the same values, NaN and inf included: `jax.nn.leaky_relu` and `where(x > 0, x,
+a*x)` style selects (LEAKY_RELU), `logaddexp(x, 0)` (SOFTPLUS, e.g. `jax.nn.softplus`), x *
+sigmoid(x) (SILU), and abs of a never-negative value (itself). `x * mask.astype(float)` is
+SELECT(mask, x, 0), because XLA rewrites it so and jax.jit returns 0, not NaN, where x is NaN
+or inf and the mask is false.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from jax.extend.core import ClosedJaxpr, Literal
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
-from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input, kernel_iota
+from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input, kernel_iota, toposort
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp, is_mask
 from mugraph.ir.origin import record_jax_origin
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
@@ -67,11 +70,13 @@ class Const:
 
 @dataclass(frozen=True)
 class View:
-    """A jaxpr value of `shape` held by `node`: IR dim i is jaxpr dim `labels[i]` (None: unit)."""
+    """A jaxpr value of `shape` held by `node`: IR dim i is jaxpr dim `labels[i]` (None: unit).
+    `from_mask`: the value is a boolean converted to a float by the equation that made it."""
 
     node: KNode
     labels: tuple
     shape: tuple
+    from_mask: bool = False
 
 
 @dataclass(frozen=True)
@@ -327,10 +332,14 @@ def _index_identity(eqn, op: TOp, a, b):
 
 
 def lift_mul(eqn, a, b):
-    """x * sigmoid(x) is silu."""
+    """x * sigmoid(x) is silu; x * mask.astype(float) is where(mask, x, 0), as XLA rewrites it
+    (so a NaN or inf of x where the mask is false gives 0, as under jax.jit)."""
     found = _index_identity(eqn, TOp.MUL, a, b)
     if found is not None:
         return found
+    for x, m in ((a, b), (b, a)):
+        if isinstance(m, View) and m.from_mask:
+            return _apply_select(eqn, m, x, Const(0.0, _out(eqn)[1], ()))
     for x, s in ((a, b), (b, a)):
         if isinstance(x, View) and isinstance(s, View) and s.node.op is TOp.SIGMOID \
                 and s.node.srcs[0] is x.node and s.labels == x.labels:
@@ -437,7 +446,33 @@ def lift_convert_element_type(eqn, x):
     if _is_index(dtype) and not _is_index(source) and source != np.bool_:
         raise _Unsupported(f"a {source.name} tensor converted to {dtype.name} (truncation)",
                            hint="mugraph computes on float tensors; keep the values float")
+    if (source == np.bool_ or _is_index(source)) and dtype.name in _INPUT_DTYPES:
+        return View(_in_dtype(x.node, DType.parse(dtype.name)), x.labels, shape,
+                    from_mask=source == np.bool_)
     return x
+
+
+def _in_dtype(node: KNode, dtype: DType) -> KNode:
+    """A mask or an index expression computed in a narrower float dtype where its values stay
+    exact (0/1 always; integers below the dtype's exact limit), so that e.g. an fp16 tensor times
+    `mask.astype(fp16)` stays fp16 as in JAX; else the node as it is (wider, exact)."""
+    if node.dtype is dtype or not dtype.is_16bit:
+        return node
+    if _index_leaves(node) and all(_index_bound(n) < EXACT_INTEGERS[dtype] for n in toposort([node])):
+        return _retyped(node, dtype)
+    if is_mask(node):
+        one, zero = (kernel_constant(v, (1,) * node.rank, dtype) for v in (1.0, 0.0))
+        return KNode(TOp.SELECT, (node, one, zero))
+    return node
+
+
+def _retyped(node: KNode, dtype: DType) -> KNode:
+    """An index expression rebuilt with every leaf (iotas, constants) in `dtype`."""
+    if node.op is KOp.IOTA:
+        return kernel_iota(node.arg[0], node.arg[1], dtype)
+    if node.op is KOp.CONSTANT:
+        return kernel_constant(node.arg[0], node.arg[1], dtype)
+    return KNode(node.op, tuple(_retyped(s, dtype) for s in node.srcs), node.arg)
 
 
 def _is_index(dtype) -> bool:
@@ -557,6 +592,28 @@ def _with_zero(node: KNode, op: TOp):
         return None
     a, b = node.srcs
     return a if _zero(b) else b if _zero(a) else None
+
+
+# Ops whose result is +0, positive, +inf or NaN (never negative, never -0.0) when their operands are
+# (constants: >= +0.0; a predicate: 0 or 1): abs of such a value is the value itself, bit for bit.
+_NONNEGATIVE_ALWAYS = frozenset({TOp.EXP, TOp.SQUARE, TOp.ABS, TOp.SIGMOID, TOp.SOFTPLUS}) | PREDICATES
+_NONNEGATIVE_IF_OPERANDS = frozenset({TOp.ADD, TOp.MUL, TOp.DIV, TOp.MAX, TOp.MIN, KOp.REDUCE_SUM,
+                                      KOp.REDUCE_MAX, KOp.MATMUL}) | KERNEL_LAYOUT
+
+
+def _nonnegative(node: KNode) -> bool:
+    if node.op in _NONNEGATIVE_ALWAYS:
+        return True
+    if node.op is KOp.CONSTANT:
+        return node.arg[0] > 0 or (node.arg[0] == 0 and math.copysign(1.0, node.arg[0]) > 0)
+    return node.op in _NONNEGATIVE_IF_OPERANDS and all(_nonnegative(s) for s in node.srcs)
+
+
+def lift_abs(eqn, x):
+    """|x|, or x itself where x is never negative (logsumexp's log(abs(sum(exp(...)))))."""
+    if isinstance(x, View) and _nonnegative(x.node):
+        return View(x.node, x.labels, _out(eqn)[0])
+    return _apply_unary(eqn, TOp.ABS, x)
 
 
 def lift_sign(eqn, x):
@@ -748,12 +805,12 @@ def _call_body(eqn):
 
 
 RULES = {
-    "add": _binary(TOp.ADD), "sub": _binary(TOp.SUB), "mul": lift_mul, "div": _binary(TOp.DIV),
+    "add": _binary(TOp.ADD), "add_any": _binary(TOp.ADD), "sub": _binary(TOp.SUB), "mul": lift_mul, "div": _binary(TOp.DIV),
     "pow": _binary(TOp.POW), "max": lift_max, "min": lift_min, "clamp": lift_clamp,
     "neg": _unary(TOp.NEG), "exp": _unary(TOp.EXP), "log": _unary(TOp.LOG),
     "sqrt": _unary(TOp.SQRT), "rsqrt": _unary(TOp.RSQRT), "square": _unary(TOp.SQUARE),
     "logistic": _unary(TOp.SIGMOID), "tanh": _unary(TOp.TANH), "erf": _unary(TOp.ERF),
-    "erfc": lift_erfc, "abs": _unary(TOp.ABS), "expm1": _unary(TOp.EXPM1),
+    "erfc": lift_erfc, "abs": lift_abs, "expm1": _unary(TOp.EXPM1),
     "log1p": _unary(TOp.LOG1P), "exp2": lift_exp2, "integer_pow": lift_integer_pow,
     "gt": _binary(TOp.GT), "ge": _binary(TOp.GE), "lt": _binary(TOp.LT), "le": _binary(TOp.LE),
     "eq": _binary(TOp.EQ), "ne": _binary(TOp.NE), "is_finite": _unary(TOp.IS_FINITE),

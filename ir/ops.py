@@ -99,6 +99,7 @@ BINARY = frozenset({TOp.ADD, TOp.SUB, TOp.MUL, TOp.DIV, TOp.POW, TOp.MAX, TOp.MI
 TERNARY = frozenset({TOp.SELECT})
 COMMUTATIVE = frozenset({TOp.ADD, TOp.MUL, TOp.MAX, TOp.MIN, TOp.EQ, TOp.NE})
 PARAMETRIC = frozenset({TOp.CLAMP})
+ARITY = {op: 1 for op in UNARY} | {op: 2 for op in BINARY} | {op: 3 for op in TERNARY}
 COMPARISONS = frozenset({TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
 PREDICATES = COMPARISONS | {TOp.IS_FINITE}   # ops whose values are 0/1 masks
 

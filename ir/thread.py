@@ -17,7 +17,7 @@ from enum import Enum
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.node import BNode, _Interned, toposort
-from mugraph.ir.ops import BINARY, BOp, TOp, UNARY
+from mugraph.ir.ops import ARITY, BOp, TOp
 
 
 class Leaf(Enum):
@@ -54,8 +54,8 @@ def _check(op, srcs, arg) -> None:
         ok = not srcs and isinstance(arg, int) and not isinstance(arg, bool) and arg >= 0
     elif op is Leaf.CONST:
         ok = not srcs and isinstance(arg, float)
-    elif op in UNARY or op in BINARY:
-        ok = len(srcs) == (1 if op in UNARY else 2) and all(type(s) is TNode for s in srcs)
+    elif op in ARITY:
+        ok = len(srcs) == ARITY[op] and all(type(s) is TNode for s in srcs)
     else:
         ok = False
     if not ok:
@@ -277,6 +277,15 @@ def region_graph(root: BNode, root_of: dict) -> tuple[TNode, tuple[BNode, ...]]:
         return t
 
     return build(root), tuple(operands)
+
+
+def map_constants(root: TNode, fn) -> TNode:
+    """The same thread graph with every constant v replaced by fn(v)."""
+    made: dict = {}
+    for t in tnodes(root):
+        made[t] = const(fn(t.arg)) if t.op is Leaf.CONST else t if t.op is Leaf.PARAM else \
+            TNode(t.op, tuple(made[s] for s in t.srcs), t.arg)
+    return made[root]
 
 
 def _substitute(root: TNode, args: list[TNode]) -> TNode:

@@ -6,6 +6,7 @@ import importlib.util
 import warnings
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from mugraph import ir
@@ -16,13 +17,19 @@ from mugraph.ir.errors import InvalidInput, MugraphError
 class Kernel:
     """A found μGraph with its report, its CUDA source and ways to run it."""
 
-    def __init__(self, graph: KernelGraph, spec: KernelGraph, result=None, target: str = "h100"):
+    def __init__(self, graph: KernelGraph, spec: KernelGraph, result=None, target: str = "h100",
+                 fn=None, origin: str = "", cache_key: str | None = None, store=None):
         self.graph = graph
         self.spec = spec
         self.result = result
         self.target = target
+        self.fn = fn                   # a FlatFunction of the traced JAX function, if there was one
+        self.origin = origin           # where the kernel came from: searched, cache, re-sized
+        self.cache_key = cache_key
+        self._store = store            # the ResultCache it came from (its generated sources)
         self._cuda = None
         self._runtime = None
+        self._jax: dict = {}
 
     @property
     def report(self):
@@ -30,97 +37,281 @@ class Kernel:
         return None if self.result is None else self.result.report
 
     @property
+    def speedup(self) -> float | None:
+        """Estimated speedup over the XLA-like baseline (what jax.jit would launch), the headline;
+        `result.speedup_vs_unfused` is the one over the unfused program. None without a search."""
+        return None if self.result is None else self.result.speedup
+
+    @property
     def cuda_source(self) -> str:
+        """The generated CUDA for the target's arch (from the cache entry when there is one)."""
         if self._cuda is None:
             from mugraph.codegen import generate_cuda
             from mugraph.search.targets import get_target
-            self._cuda = generate_cuda(self.graph, arch=get_target(self.target).arch)
+            arch = get_target(self.target).arch
+            if self.cache_key is not None and self._store is not None:
+                self._cuda = self._store.sources(self.cache_key).get(arch, (None,))[0]
+            if self._cuda is None:
+                self._cuda = generate_cuda(self.graph, arch=arch)
         return self._cuda
 
-    def show(self) -> str:
-        """The μGraph as text (kernel graph and each block's loop nest), plus the report."""
+    def show(self, format: str = "text", path=None) -> str:
+        """A picture of the μGraph: "text" (the kernel graph and each block's loop nest, plus
+        the report; printed), "svg" (the kernel graph with every block graph nested: grid,
+        imap/fmap tiles, the loop, accumulators, thread-level chains, omap) or "html" (the SVG
+        above the text). Returns it; `path` also writes it to that file."""
+        if format not in ("text", "svg", "html"):
+            raise InvalidInput(f"unknown picture format {format!r}", hint="text, svg or html")
         text = str(self.graph)
         if self.result is not None:
             text += "\n\n" + self.result.summary()
-        print(text)
-        return text
+        if self.origin:
+            text += f"\n{self.origin}"
+        from mugraph.ir.picture import to_html, to_svg
+        picture = {"text": lambda: text, "svg": lambda: to_svg(self.graph),
+                   "html": lambda: to_html(self.graph, text)}[format]()
+        if path is not None:
+            _write(path, picture)
+        if format == "text":
+            print(text)
+        return picture
 
-    def run_reference(self, *arrays) -> list[np.ndarray]:
-        """Run the μGraph with the reference interpreter (float64), anywhere."""
-        return ir.interpret(self.graph, [np.asarray(a) for a in arrays])
+    def _repr_svg_(self) -> str:
+        """Notebooks draw a Kernel as its picture."""
+        from mugraph.ir.picture import to_svg
+        return to_svg(self.graph)
 
-    def run_on_cpu(self, *arrays) -> list[np.ndarray]:
-        """Run the generated CUDA on the CPU harness (slow; for testing the emitted kernel)."""
+    def run_reference(self, *arrays, cast: bool = False):
+        """Run the μGraph with the reference interpreter (float64), anywhere.
+
+        Returns an array for a single-output graph, else a list in output order. Inputs must
+        have the kernel's dtypes (InvalidInput otherwise); `cast=True` converts them first."""
+        return _single(ir.interpret(self.graph, self._inputs(arrays, cast)))
+
+    def run_on_cpu(self, *arrays, cast: bool = False):
+        """Run the generated CUDA on the CPU harness (slow; for testing the emitted kernel).
+        Outputs and inputs as `run_reference`, in the kernel's own dtypes."""
         from mugraph.codegen import run_on_cpu
-        return run_on_cpu(self.graph, [np.asarray(a) for a in arrays])
+        return _single(run_on_cpu(self.graph, self._inputs(arrays, cast)))
+
+    def _inputs(self, arrays, cast: bool) -> list:
+        """The arrays as NumPy, checked against the kernel's inputs (count, shape, dtype)."""
+        names, nodes = self.graph.input_names, self.graph.inputs
+        if len(arrays) != len(nodes):
+            raise InvalidInput(f"the kernel takes {len(nodes)} inputs {list(names)}, got "
+                               f"{len(arrays)} arrays")
+        out = []
+        for name, node, a in zip(names, nodes, arrays):
+            a = np.asarray(a)
+            if a.shape != node.shape:
+                raise InvalidInput(f"input {name!r} has shape {a.shape}, the kernel expects "
+                                   f"{node.shape}", hint="superoptimize again for other shapes")
+            if a.dtype != node.dtype.numpy:
+                if not cast:
+                    raise InvalidInput(f"input {name!r} has dtype {a.dtype}, the kernel expects "
+                                       f"{node.dtype.value}",
+                                       hint=f"convert it (x.astype('{node.dtype.value}')) or "
+                                            "pass cast=True to convert every input")
+                a = a.astype(node.dtype.numpy)
+            out.append(a)
+        return out
 
     def __call__(self, *arrays):
-        """Launch on the GPU (CuPy or JAX arrays); outputs are CuPy arrays."""
+        """Launch on the GPU (CuPy, JAX or NumPy arrays); the output is a CuPy array (a list of
+        them for several outputs), overwritten by the next call (see GpuKernel)."""
         if self._runtime is None:
             from mugraph.codegen.runtime_cupy import load_kernel
             self._runtime = load_kernel(self.graph, target=self.target)
-        return self._runtime(*arrays)
+        return _single(self._runtime(*arrays))
+
+    def as_jax(self, backend: str = "auto"):
+        """A JAX-traceable function of the kernel's inputs (an array for one output, else a tuple)
+        that works inside `jax.jit`, under `jax.grad` (its backward is JAX's VJP of the spec) and
+        `jax.vmap` (one kernel run per batch element).
+
+        `backend`: "cuda" launches the CUBIN through XLA on its stream; "harness" runs the
+        generated CUDA on the CPU harness through a host callback; "auto" picks "cuda" where JAX
+        sees a GPU, else "harness". Outputs take the traced function's dtypes (an explicit cast
+        where the IR kept a wider one)."""
+        from mugraph.jax_integration import as_jax, resolve_backend
+        backend = resolve_backend(backend)
+        if backend not in self._jax:
+            spec_fn = self.fn.run if self.fn is not None else None
+            dtypes = self.fn.out_dtypes if self.fn is not None else None
+            self._jax[backend] = as_jax(self, backend, spec_fn=spec_fn, out_dtypes=dtypes)
+        return self._jax[backend]
 
     def __repr__(self) -> str:
         return f"Kernel({self.graph!r})"
 
 
 def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = None,
-                  progress=None) -> Kernel:
+                  budget_seconds: float | None = None, progress=None, cache=True) -> Kernel:
     """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel.
 
-    Without a `config`, the search budget is $MUGRAPH_SEARCH_SECONDS (default 300 s); `target`
-    defaults to the config's, else $MUGRAPH_TARGET (default h100).
-    """
-    from mugraph.search import search
+    `config`: a SearchConfig or a dict of its fields (without one, the budget is
+    $MUGRAPH_SEARCH_SECONDS, default 300 s, and the target $MUGRAPH_TARGET, default h100);
+    `target` ("a100", "h100", "h200") and `budget_seconds` override the config's. `cache`: True
+    uses the result cache under `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), a
+    folder another one, False searches afresh.
+    `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
+    line on a terminal, a log line every few seconds elsewhere); False turns it off."""
+    config = make_config(config, target=target, budget_seconds=budget_seconds)
+    spec, flat = _spec_of(fn_or_graph, example_args)
+    if progress is False:
+        progress = _silent
+    from mugraph.search.cached import cached_search
+    store = _store(cache)
+    answer = cached_search(spec, config, cache=store or False, progress=progress)
+    return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
+                  origin=answer.note, cache_key=answer.key, store=store)
+
+
+def _store(cache):
+    """The ResultCache for `cache`: True (the default folder), a folder, a ResultCache, or None
+    for False/None."""
+    from pathlib import Path
+    from mugraph.search.cache import ResultCache
+    if cache is True:
+        return ResultCache()
+    if cache is False or cache is None:
+        return None
+    if isinstance(cache, ResultCache):
+        return cache
+    if isinstance(cache, (str, Path)):
+        return ResultCache(cache)
+    raise InvalidInput(f"cache must be True, False, a folder or a ResultCache, got "
+                       f"{type(cache).__name__}")
+
+
+def _write(path, text: str) -> None:
+    from pathlib import Path
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise InvalidInput(f"cannot write {str(path)!r}: {e.strerror}",
+                           hint="give a path in a folder you can write to") from None
+
+
+def _single(outputs: list):
+    """One array for a single-output graph, else the list."""
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _silent(*args) -> None:
+    return None
+
+
+def make_config(config=None, *, target: str | None = None, budget_seconds: float | None = None):
+    """A SearchConfig from None, a SearchConfig or a dict of its fields, with overrides."""
+    from mugraph.search import SearchConfig
+    from mugraph.ir.errors import SearchError
+    if config is None:
+        from mugraph.ir.settings import settings
+        config = SearchConfig(budget_seconds=settings.search_seconds, target=settings.target)
+    elif isinstance(config, dict):
+        config = SearchConfig.from_json(_json_of(config))
+    elif not isinstance(config, SearchConfig):
+        raise InvalidInput(f"config must be a SearchConfig or a dict of its fields, got "
+                           f"{type(config).__name__}",
+                           hint="e.g. config={'budget_seconds': 60, 'max_kernel_ops': 2}")
+    changes = {}
+    if target is not None:
+        changes["target"] = target
+    if budget_seconds is not None:
+        if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)):
+            raise SearchError(f"budget_seconds={budget_seconds!r} must be a number of seconds")
+        changes["budget_seconds"] = float(budget_seconds)
+    return config.replace(**changes) if changes else config
+
+
+def _json_of(fields: dict) -> str:
+    import json
+    try:
+        return json.dumps(fields)
+    except TypeError as e:
+        raise InvalidInput(f"config dict is not plain data: {e}",
+                           hint="give numbers, strings and lists of op names") from None
+
+
+def _spec_of(fn_or_graph, example_args):
+    """(spec graph, FlatFunction or None) from a KernelGraph or a JAX function and its args."""
     if isinstance(fn_or_graph, KernelGraph):
         if example_args:
             raise InvalidInput("superoptimize(graph) takes no example arguments",
                                hint="pass the graph alone, or a JAX function and its arguments")
-        spec = fn_or_graph
-    elif callable(fn_or_graph):
-        spec = ir.from_jax(fn_or_graph, *example_args)
-    else:
-        raise InvalidInput(f"superoptimize takes a JAX function or a KernelGraph, got "
-                           f"{type(fn_or_graph).__name__}")
-    config = _config(config, target)
-    result = search(spec, config, progress=progress)
-    return Kernel(result.best, spec, result, config.target)
+        return fn_or_graph, None
+    if callable(fn_or_graph):
+        from mugraph.jax_integration import flatten_function
+        return ir.from_jax(fn_or_graph, *example_args), flatten_function(fn_or_graph, example_args)
+    raise InvalidInput(f"superoptimize takes a JAX function or a KernelGraph, got "
+                       f"{type(fn_or_graph).__name__}")
 
 
-def _config(config, target: str | None):
-    """The search config: the given one (its target replaced by `target` if given), else the
-    defaults with the budget and target from the settings."""
-    from mugraph.ir.settings import settings
-    from mugraph.search import SearchConfig
-    if config is None:
-        config = SearchConfig(budget_seconds=settings.search_seconds, target=settings.target)
-    return config if target is None or config.target == target else config.replace(target=target)
+def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = None, cache=True):
+    """Compile `fn` on first call per input signature (shapes, dtypes, pytree) and run the kernel
+    inside JAX: the result works under `jax.jit`, `jax.grad` and `jax.vmap` (see Kernel.as_jax).
 
-
-def jit(fn=None, *, config=None, target: str | None = None):
-    """Compile `fn` on first call per input shapes; without a GPU, run `fn` itself (warned once)."""
+    `backend="auto"` uses "cuda" where JAX sees a GPU and otherwise runs `fn` itself (one
+    warning); "harness" runs the generated CUDA on the CPU harness; "cuda" requires a GPU.
+    `config`, `target` and `cache` are superoptimize's."""
     if fn is None:
-        return functools.partial(jit, config=config, target=target)
-    kernels: dict = {}
-    warned = []
+        return functools.partial(jit, backend=backend, config=config, target=target, cache=cache)
+    from mugraph.jax_integration import BACKENDS
+    if backend not in BACKENDS:
+        raise InvalidInput(f"unknown backend {backend!r}", hint=f"one of: {', '.join(BACKENDS)}")
+    compiled = _Compiled(fn, backend, config, target, cache)
 
     @functools.wraps(fn)
-    def wrapper(*arrays):
-        from mugraph.codegen.runtime_cupy import gpu_available
-        if not gpu_available():
-            if not warned:
-                warnings.warn("mugraph.jit: no CUDA device; running the JAX function instead",
-                              RuntimeWarning, stacklevel=2)
-                warned.append(True)
-            return fn(*arrays)
-        key = tuple((np.shape(a), str(getattr(a, "dtype", ""))) for a in arrays)
-        if key not in kernels:
-            kernels[key] = superoptimize(fn, *arrays, config=config, target=target)
-        outs = kernels[key](*arrays)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+    def wrapper(*args):
+        return compiled(*args)
 
+    wrapper.kernels = compiled.kernels
     return wrapper
+
+
+class _Compiled:
+    """The kernels `jit` built for one function, by input signature."""
+
+    def __init__(self, fn, backend: str, config, target: str | None, cache=True):
+        self.fn, self.backend, self.config, self.target = fn, backend, config, target
+        self.cache = cache
+        self.kernels: dict = {}
+        self.warned = False
+
+    def __call__(self, *args):
+        from mugraph.jax_integration import jax_has_gpu
+        backend = self.backend
+        if backend == "auto":
+            if not jax_has_gpu():
+                if not self.warned:
+                    warnings.warn("mugraph.jit: no GPU; running the JAX function instead "
+                                  "(backend='harness' runs the generated CUDA on the CPU harness)",
+                                  RuntimeWarning, stacklevel=3)
+                    self.warned = True
+                return self.fn(*args)
+            backend = "cuda"
+        leaves, in_tree = jax.tree_util.tree_flatten(args)
+        for i, leaf in enumerate(leaves):
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                raise InvalidInput(f"argument leaf {i} is a {type(leaf).__name__}, not an array",
+                                   hint="mugraph.jit compiles functions of arrays; close over "
+                                        "Python numbers instead of passing them")
+        key = (in_tree, tuple((tuple(np.shape(x)), str(np.dtype(x.dtype))) for x in leaves))
+        if key not in self.kernels:
+            self.kernels[key] = self._compile(args)
+        kernel = self.kernels[key]
+        outs = kernel.as_jax(backend)(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return jax.tree_util.tree_unflatten(kernel.fn.out_tree, list(outs))
+
+    def _compile(self, args) -> Kernel:
+        specs = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
+        # the search runs JAX itself (tracing, the float test against jax.jit(fn)): eagerly, not
+        # inside the trace of a jax.jit this call may sit in
+        with jax.ensure_compile_time_eval():
+            return superoptimize(self.fn, *specs, config=self.config, target=self.target,
+                                 cache=self.cache)
 
 
 def load_function(spec: str):

@@ -1,10 +1,10 @@
-"""The `mugraph` command line: show, verify, search, bench, regen."""
+"""The `mugraph` command line: show, verify, search, cache, bench, regen."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from mugraph.ir.errors import MugraphError
+from mugraph.ir.errors import Interrupted, InvalidInput, MugraphError
 
 
 def _load_program(target: str):
@@ -28,6 +28,9 @@ def cmd_show(args) -> int:
     from mugraph import ir
     from mugraph.testing import assert_equivalent
     name, spec, w = _load_program(args.target)
+    if args.svg:
+        graph = w.reference() if w is not None else spec
+        _write_svg(graph, args.svg, name)
     print(f"== {name}: the spec (traced from JAX) ==")
     print(spec)
     if w is not None:
@@ -48,19 +51,39 @@ def cmd_show(args) -> int:
 def cmd_verify(args) -> int:
     from mugraph import verify
     name, spec, w = _load_program(args.target)
-    if w is None:
-        raise MugraphError("verify needs a workload (its hand-written μGraph is the candidate)")
-    wl = w.small() if args.small else w
-    report = verify.check(wl.spec(), wl.reference(), seed=args.seed)
+    if args.candidate is not None:
+        candidate = _load_graph(args.candidate)
+        mismatch = verify.interface_mismatch(spec, candidate)
+        if mismatch:
+            raise InvalidInput(f"{args.candidate} cannot be compared with {name}: {mismatch}",
+                               hint="the candidate must read the spec's inputs (same names, "
+                                    "shapes and dtypes) and write as many outputs")
+        print(f"== {args.candidate} against {name} ==")
+        report = verify.check(spec, candidate, seed=args.seed)
+    elif w is None:
+        raise InvalidInput(f"verify {args.target} needs a candidate graph to check against it",
+                           hint=f"mugraph verify {args.target} CANDIDATE.json (a graph saved with "
+                                "mugraph.ir.save, or the graph.json of mugraph search --out)")
+    else:
+        wl = w.small() if args.small else w
+        report = verify.check(wl.spec(), wl.reference(), seed=args.seed)
     print(report)
     return 0 if report.equivalent else 1
 
 
+def _load_graph(path: str):
+    from mugraph import ir
+    if not path.endswith(".json"):
+        raise InvalidInput(f"candidate {path!r} is not a graph .json file",
+                           hint="save a graph with mugraph.ir.save(graph, 'candidate.json')")
+    return ir.load(path)
+
+
 def cmd_regen(args) -> int:
-    from mugraph.codegen.regen import regenerate
+    from mugraph.regen import regenerate
     names = args.workloads.split(",") if args.workloads else None
     log = print if args.verbose else None
-    files = regenerate(args.root, names, check=args.check, log=log)
+    files = regenerate(args.root, names, check=args.check, search=getattr(args, "search", False), log=log)
     if args.check:
         for f in files:
             print(f"stale: {f}")
@@ -71,7 +94,7 @@ def cmd_regen(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from mugraph.search import search
+    from mugraph.search.cached import cached_search
     from mugraph.search.executors import make_executor
     name, spec, w = _load_program(args.target)
     config = _search_config(args)
@@ -82,19 +105,49 @@ def cmd_search(args) -> int:
     print(f"== {name}: the spec ==")
     print(spec)
     executor = make_executor(config.workers, args.executor, args.scheduler)
+    _say_if_resuming(spec, config, args.no_cache)
     print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}, "
           f"{executor.name} executor) ==")
     try:
-        result = search(spec, config, executor=executor)
+        answer = cached_search(spec, config, cache=not args.no_cache, executor=executor)
     finally:
         executor.close()
+    result = answer.result
     print("\n== the winning μGraph ==")
     print(result.best)
     print("\n== report ==")
     print(result.summary())
+    print(answer.note)
     if args.out:
         _write_result(result, args.out, config)
+    if args.svg:
+        _write_svg(result.best, args.svg, name)
     return 0
+
+
+def _write_svg(graph, path: str, name: str) -> None:
+    """The graph's picture (plain SVG) written to `path`."""
+    from pathlib import Path
+    from mugraph.ir.picture import to_svg
+    try:
+        Path(path).write_text(to_svg(graph, title=name))
+    except OSError as e:
+        raise InvalidInput(f"cannot write the picture to {path!r}: {e.strerror}",
+                           hint="give --svg a file in a folder you can write to") from None
+    print(f"\nwrote the picture to {path}")
+
+
+def _say_if_resuming(spec, config, no_cache: bool) -> None:
+    """One line when a stopped run of the same search left a checkpoint to resume from."""
+    if no_cache:
+        return
+    import time
+    from mugraph.search.cache import ResultCache, search_key
+    row = ResultCache().checkpoint(search_key(spec, config))
+    if row is not None:
+        saved, _, note = row
+        print(f"\n== resuming the search stopped at {time.strftime('%H:%M:%S', time.localtime(saved))}"
+              f" ({note}) ==")
 
 
 def _search_config(args):
@@ -140,6 +193,63 @@ def _write_result(result, folder: str, config) -> None:
     print(f"\nwrote {', '.join(str(out / f) for f in files)}")
 
 
+def cmd_cache(args) -> int:
+    from mugraph.search.cache import ResultCache
+    cache = ResultCache()
+    if args.action == "list":
+        entries = cache.entries()
+        print(f"{len(entries)} result(s) in {cache.path}")
+        for e in entries:
+            when = _when(e.created)
+            stop = _report_line(e.summary, "stop reason:").split(" after")[0]
+            print(f"  {e.key[:12]}  {when}  {e.target:<5} {e.inputs}  {stop}")
+        for key, saved, note in cache.checkpoints():
+            print(f"  checkpoint {key[:12]}  {_when(saved)}  {note}")
+        return 0
+    if args.action == "show":
+        if not args.key:
+            raise MugraphError("cache show needs a key", hint="`mugraph cache list` shows the keys")
+        entry = cache.find(args.key)
+        from mugraph import ir
+        print(f"key {entry.key}\nstored {_when(entry.created)} for {entry.target}, inputs "
+              f"{entry.inputs}\nconfig {entry.config}\nversions {entry.versions}\n")
+        print(ir.from_json(entry.graph))
+        print("\n" + entry.summary)
+        sources = cache.sources(entry.key)
+        for arch, (source, cubin) in sorted(sources.items()):
+            print(f"\n{arch}: {len(source.splitlines())} lines of CUDA, "
+                  f"{'a CUBIN of %d bytes' % len(cubin) if cubin else 'no CUBIN'}")
+        return 0
+    count = cache.clear()
+    removed = _clear_builds() if args.all else []
+    print(f"removed {count} result(s) and the search checkpoints from {cache.path}"
+          + (f"; build folders {', '.join(removed)}" if removed else ""))
+    return 0
+
+
+def _clear_builds() -> list[str]:
+    """Remove the CPU-harness, NVRTC, CUBIN and FFI build folders under the cache folder."""
+    import shutil
+    from pathlib import Path
+    from mugraph.settings import settings
+    removed = []
+    for name in ("cpu", "nvrtc", "cubin", "ffi"):
+        folder = Path(settings.cache_dir) / name
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _when(seconds: float) -> str:
+    import time
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def _report_line(summary: str, prefix: str) -> str:
+    return next((line for line in summary.splitlines() if line.startswith(prefix)), "")
+
+
 def cmd_bench(args) -> int:
     from mugraph.bench_search import main as bench_search
     if args.what == "search":
@@ -154,10 +264,17 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("show", help="print a program's kernel graph (and a workload's fused μGraph)")
     p.add_argument("target")
+    p.add_argument("--svg", default=None, metavar="FILE",
+                   help="also draw the graph (a workload's fused μGraph) as SVG into FILE")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_show)
-    p = sub.add_parser("verify", help="check a workload's fused μGraph against its spec")
-    p.add_argument("target")
+    p = sub.add_parser("verify", help="check a candidate graph against a spec (or a workload's "
+                                      "fused μGraph against its spec)")
+    p.add_argument("target", help="the spec: a workload name, a graph .json file, or "
+                                  "FILE.py:FUNCTION")
+    p.add_argument("candidate", nargs="?", default=None,
+                   help="a graph .json to check against the spec (a workload's own fused μGraph "
+                        "when left out)")
     p.add_argument("--small", action="store_true", help="use the reduced shapes")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_verify)
@@ -175,11 +292,23 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the winner's graph.json, kernel.cu and report.txt here")
     p.add_argument("--small", action="store_true", help="a workload at its reduced shapes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--svg", default=None, metavar="FILE",
+                   help="draw the winning μGraph as SVG into FILE")
+    p.add_argument("--no-cache", action="store_true",
+                   help="search afresh: neither read nor write the result cache")
     p.set_defaults(run=cmd_search)
+    p = sub.add_parser("cache", help="the result cache: list, show KEY, clear [--all]")
+    p.add_argument("action", choices=("list", "show", "clear"))
+    p.add_argument("key", nargs="?", default=None, help="for show: a key or its first digits")
+    p.add_argument("--all", action="store_true",
+                   help="for clear: also remove the CPU-harness, NVRTC and CUBIN builds")
+    p.set_defaults(run=cmd_cache)
     p = sub.add_parser("regen", help="rewrite kernels_generated/ (graph JSON, CUDA, reports)")
     p.add_argument("--root", default=None, help="output folder (default: kernels_generated/)")
     p.add_argument("--workloads", default=None, help="comma-separated subset")
     p.add_argument("--check", action="store_true", help="only report files that differ")
+    p.add_argument("--search", action="store_true",
+                   help="rerun the searches (fixed seed and state budget) for the searched/ winners")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(run=cmd_regen)
     p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--suite all] [--cases a,b]`")
@@ -189,9 +318,30 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except Interrupted as e:
+        return _stopped(e)
+    except KeyboardInterrupt:
+        print("\nmugraph: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other tools do
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except MugraphError as e:
         print(f"mugraph: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+
+
+def _stopped(e) -> int:
+    """A search stopped by Ctrl-C or SIGTERM: its best verified kernel so far, one line, 130."""
+    partial = e.result
+    if partial is not None and partial.best is not None:
+        print("\n== stopped: the best kernel verified so far ==")
+        print(partial.best)
+        if partial.estimate is not None:
+            print(f"estimated {partial.estimate.seconds * 1e6:.2f} us")
+    print(f"\nmugraph: {e}", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The typed errors of mugraph, defined in the lowest layer that raises them (`mugraph.ir.errors`)."""
-from mugraph.ir.errors import (CompileError, InvalidGraph, InvalidInput, MugraphError, NoDevice,
-                               ResourceError, SearchError, ShapeError, UnsupportedOp,
-                               VerificationError)
+from mugraph.ir.errors import (CacheWarning, CompileError, Interrupted, InvalidGraph, InvalidInput,
+                               MugraphError, NoDevice, ResourceError, SearchError, ShapeError,
+                               UnsupportedOp, VerificationError)
 
 __all__ = ["MugraphError", "KernelFault", "InvalidGraph", "ShapeError", "UnsupportedOp", "InvalidInput",
-           "CompileError", "ResourceError", "NoDevice", "VerificationError", "SearchError"]
+           "CompileError", "ResourceError", "NoDevice", "VerificationError", "SearchError", "CacheWarning", "Interrupted"]
 
 
 def __getattr__(name: str):

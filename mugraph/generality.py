@@ -4,13 +4,14 @@ Each `Program` is a JAX function at full shapes (what `mugraph bench search` run
 shapes with the same structure (what the quality tier searches). They cover norm variants,
 attention variants (scales, masks, GQA grouping), MLP blocks, bias/activation epilogues,
 residuals, softmax/log-softmax/logsumexp, `jnp.where` selects, reductions over either axis,
-broadcasts and transposes, in fp16, bf16 and fp32. The search is judged on them: fused or not,
-and its estimate against the XLA-like baseline.
+broadcasts and transposes, in fp16, bf16 and fp32. The search is judged on them (`evaluate`):
+lifted or not, fused or not, verified or not, and its estimate against the XLA-like baseline.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -364,3 +365,105 @@ def get(name: str) -> Program:
 
 def all_programs() -> list[Program]:
     return list(_PROGRAMS)
+
+
+# ---- how a program is judged ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    """What the search made of one program: one row of `bench/generality.py`, one case of the
+    quality tier. Times in seconds, estimates in microseconds on the config's target."""
+
+    program: str
+    dtype: str
+    shapes: dict
+    lifted: bool
+    lift_error: str | None = None          # the front end's UnsupportedOp (or other) message
+    search_error: str | None = None        # a SearchError that ended the search
+    origin: str | None = None              # "search" (a found μGraph) or "spec" (unfused)
+    custom_kernels: int = 0
+    library_ops: tuple = ()                # kernels the winner still launches as library calls
+    structure: str = ""
+    winner_us: float | None = None
+    xla_us: float | None = None            # the XLA-like baseline (search/baseline.py)
+    unfused_us: float | None = None        # one library launch per op
+    verdict: str | None = None             # check() at the real shapes; None when the spec won
+    best_found_s: float | None = None      # time to the winner (None when the spec won)
+    search_s: float | None = None          # time to stop: the enumeration
+    wall_s: float | None = None            # the whole call, the final check included
+    stop_reason: str | None = None
+    states: int = 0
+    verified: int = 0
+
+    @property
+    def fused(self) -> bool:
+        return self.origin == "search" and self.custom_kernels > 0
+
+    @property
+    def fully_fused(self) -> bool:
+        return self.fused and not self.library_ops
+
+    @property
+    def equivalent(self) -> bool:
+        return self.verdict == "EQUIVALENT"
+
+    @property
+    def speedup(self) -> float | None:
+        """Estimated speedup of the winner over the XLA-like baseline (the headline)."""
+        return self.xla_us / self.winner_us if self.winner_us else None
+
+    @property
+    def speedup_vs_unfused(self) -> float | None:
+        return self.unfused_us / self.winner_us if self.winner_us else None
+
+    @property
+    def beats_xla(self) -> bool:
+        return self.speedup is not None and self.speedup > 1.0
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"fused": self.fused, "speedup": self.speedup,
+                               "speedup_vs_unfused": self.speedup_vs_unfused}
+
+
+def evaluate(program: Program, config=None, *, progress=None) -> Outcome:
+    """Lift `program`, search it under `config` (default: `SearchConfig()`), and judge the winner
+    against the XLA-like baseline and the unfused program. Lift and search failures that are
+    mugraph's typed errors are recorded, not raised."""
+    from mugraph.errors import MugraphError
+    from mugraph.search import SearchConfig, search
+    from mugraph.search.baseline import xla_estimate
+    config = config or SearchConfig()
+    base = dict(program=program.name, dtype=program.dtype.short,
+                shapes={k: list(v) for k, v in program.shapes.items()})
+    try:
+        spec = program.spec()
+    except MugraphError as e:
+        return Outcome(**base, lifted=False, lift_error=f"{type(e).__name__}: {e.message}")
+    xla = xla_estimate(spec, config.target).seconds * 1e6
+    started = time.monotonic()
+    try:
+        result = search(spec, config, progress=progress or (lambda *a: None))
+    except MugraphError as e:
+        return Outcome(**base, lifted=True, xla_us=xla, wall_s=time.monotonic() - started,
+                       search_error=f"{type(e).__name__}: {e.message}")
+    return _outcome(base, result, xla)
+
+
+def _outcome(base: dict, result, xla_us: float) -> Outcome:
+    best, rep = result.best_candidate, result.report
+    verification = rep.verification
+    verdict = None if verification is None else (
+        "EQUIVALENT" if verification.equivalent else f"NOT EQUIVALENT: {verification.reason}")
+    return Outcome(**base, lifted=True, origin=best.origin,
+                   custom_kernels=len(best.graph.custom_ops()),
+                   library_ops=library_ops(best.estimate), structure=best.structure,
+                   winner_us=best.seconds * 1e6, xla_us=xla_us,
+                   unfused_us=rep.spec_estimate.seconds * 1e6, verdict=verdict,
+                   best_found_s=rep.best_found_seconds, search_s=rep.search_seconds,
+                   wall_s=rep.wall_seconds, stop_reason=rep.stop_reason, states=rep.states,
+                   verified=rep.verified)
+
+
+def library_ops(estimate) -> tuple[str, ...]:
+    """The kernels an estimate launches as library calls (views cost nothing and are not
+    launched), e.g. ('%2 matmul',)."""
+    return tuple(k.name for k in estimate.kernels if k.kind != "custom")

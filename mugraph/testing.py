@@ -3,6 +3,8 @@
 `kernel_graphs()` draws random well-formed kernel graphs, `block_schedules()` random valid
 schedules of small block graphs together with their unscheduled kernel-level reference,
 `input_arrays()` inputs for a graph, and `assert_equivalent()` compares two graphs in float64.
+For an emitted kernel against `jax.jit(fn)`: `ieee_arrays()` / `kernel_inputs()` draw inputs
+with IEEE special values and `assert_kernel_matches()` runs the kernel on them (`testing_kit`).
 Needs Hypothesis and NumPy, not pytest.
 """
 from __future__ import annotations
@@ -16,9 +18,11 @@ from hypothesis import strategies as st
 from mugraph import ir
 from mugraph.ir import BOp, BlockGraph, DType, KernelGraph, KNode, TOp
 from mugraph.ir.ops import BINARY, COMPARISONS, LAST_DIM_ACCUMULATORS, TERNARY, UNARY
+from mugraph.testing_kit import SPECIAL_VALUES, assert_kernel_matches, ieee_arrays, kernel_inputs
 
-__all__ = ["ACCUMULATORS_BY_KIND", "BLOCK_KINDS", "KERNEL_OPS", "Scheduled", "assert_equivalent",
-           "block_schedules", "divisors", "grid_maps", "input_arrays", "kernel_graphs",
+__all__ = ["ACCUMULATORS_BY_KIND", "BLOCK_KINDS", "KERNEL_OPS", "SPECIAL_VALUES", "Scheduled",
+           "assert_equivalent", "assert_kernel_matches", "block_schedules", "divisors",
+           "grid_maps", "ieee_arrays", "input_arrays", "kernel_graphs", "kernel_inputs",
            "random_arrays"]
 
 LIMIT = 1e3        # drawn graphs keep every value within +-LIMIT for inputs in [-1, 1]

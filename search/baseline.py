@@ -214,17 +214,21 @@ def _kernel_fusions(graph: KernelGraph) -> list[Fusion]:
         elif not _fusible(node):
             kind = {KOp.MATMUL: "gemm", KOp.CUSTOM: "custom"}.get(node.op, "library")
             out.append(_fusion(kind, [node], [node], list(node.srcs), key))
-        elif node in mat and not _bitcast(node):
+        elif node in mat and not _bitcast(node, mat):
             members, reads = _closure([node], mat - {node})
             out.append(_fusion("loop", [node], members, reads, key))
     return out
 
 
-def _bitcast(node: KNode) -> bool:
-    """A reshape of an input or constant: XLA's bitcast, no kernel."""
+def _bitcast(node: KNode, materialized: set) -> bool:
+    """A reshape of an input, a constant or a value already written to memory (a reduction's
+    keepdim result reshaped to drop the dim, as `jnp.max(x, axis=0)` lifts): XLA's bitcast, no
+    kernel."""
+    if node.op is not KOp.RESHAPE:
+        return False
     while node.op is KOp.RESHAPE:
         node = node.srcs[0]
-    return node.op in KERNEL_LEAF
+    return node.op in KERNEL_LEAF or node in materialized
 
 
 def _fusion(kind, roots, members, reads, key) -> Fusion:

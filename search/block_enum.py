@@ -8,16 +8,22 @@ writing those values out (omaps) yields one closed block graph.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 
 from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, Phase
 from mugraph.ir.errors import InvalidGraph
+from mugraph.ir.thread import ELEMENTWISE, fuse_threads
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TERNARY, TOp, UNARY, is_mask)
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
+from mugraph.search.thread_units import regions, units
+from mugraph.verify import abstract
+from mugraph.verify.abstract import expr as E
+from mugraph.verify.abstract import normalize as N
 
 _OP_RANK = {op: i for i, op in enumerate(list(BOp) + list(TOp))}
 
@@ -48,6 +54,63 @@ def _shapes_may_fit(op, srcs) -> bool:
     return True
 
 
+def _outer(dim_label):
+    return None if dim_label is None else dim_label.outer
+
+
+def _scaling(op, srcs) -> bool:
+    """A multiply or divide by a scalar constant."""
+    return op in (TOp.MUL, TOp.DIV) and any(s.op is BOp.CONSTANT for s in srcs[-1:]) or \
+        op is TOp.MUL and srcs[0].op is BOp.CONSTANT
+
+
+def _constant_of(srcs):
+    return next((s.arg[0] for s in srcs if s.op is BOp.CONSTANT), None)
+
+
+def structure_scales(spec) -> frozenset:
+    """Constants the spec multiplies or divides a matmul, reduction, norm or input by (a
+    softmax scale, a LoRA alpha): a fused kernel may apply them on another side of the op."""
+    from mugraph.ir.ops import KOp
+    found = set()
+    for n in spec.nodes:
+        if n.op in (TOp.MUL, TOp.DIV):
+            consts = [s for s in n.srcs if s.op is KOp.CONSTANT and all(d == 1 for d in s.shape)]
+            others = [s for s in n.srcs if s not in consts]
+            if consts and others and not isinstance(others[0].op, TOp):
+                found.add(consts[0].arg[0])
+    return frozenset(found)
+
+
+def _rescaled_constant(op, srcs) -> bool:
+    """c2 * (c1 * x): a product of constants the spec does not hold; where the program scales
+    twice in a row, a thread unit does it in one op."""
+    inner = [s for s in srcs if s.op is not BOp.CONSTANT]
+    return _scaling(op, srcs) and len(inner) == 1 and _scaling(inner[0].op, inner[0].srcs)
+
+
+_FORMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def spec_forms(spec) -> tuple[frozenset, frozenset]:
+    """The normal forms of every value the spec computes (the subterms of its expressions, so
+    the parts of a composite op such as rms_norm's mean count), and of those its tensors build
+    only inside an elementwise region (see `thread_units.regions`)."""
+    found = _FORMS.get(spec)
+    if found is None:
+        exprs = abstract.expressions(spec)
+        forms = {n: N.normalize(e) for n, e in exprs.items()}
+        internal = set(regions(spec).internal)
+        inside = {forms[n] for n in internal} - {f for n, f in forms.items() if n not in internal}
+        values = {N.normalize(t) for t in E.subterms(list(exprs.values()))}
+        found = _FORMS[spec] = (frozenset(values), frozenset(inside))
+    return found
+
+
+def _broadcasts(small: tuple, big: tuple) -> bool:
+    return len(small) <= len(big) and all(a in (1, b) for a, b in zip(reversed(small), reversed(big)))
+
+
 class _State:
     """The body built so far: nodes in creation order with their facts; mutated by push/pop."""
 
@@ -60,6 +123,9 @@ class _State:
         self.uses = Counter()
         self.keys = [(-1,)]
         self.n_inputs = len(inputs)
+        self.values: dict = {}
+        for n in inputs:
+            self._count(n, self.exprs[n], 1)
 
     def push(self, node, expr, labels, phase, key):
         self.pos[node] = len(self.nodes)
@@ -68,6 +134,7 @@ class _State:
         for s in set(node.srcs):
             self.uses[s] += 1
         self.keys.append(key)
+        self._count(node, expr, 1)
 
     def pop(self):
         node = self.nodes.pop()
@@ -75,6 +142,18 @@ class _State:
         for s in set(node.srcs):
             self.uses[s] -= 1
         self.keys.pop()
+        self._count(node, self.exprs[node], -1)
+
+    def _count(self, node, expr, k: int) -> None:
+        shapes = self.values.setdefault(N.normalize(expr), Counter())
+        shapes[node.shape] += k
+
+    def holds_form(self, form, shape=None) -> bool:
+        """Whether a value with this normal form exists already (one that broadcasts to `shape`
+        when given: a value that equals a smaller one everywhere is that one broadcast)."""
+        shapes = self.values.get(form)
+        return bool(shapes) and any(k > 0 and (shape is None or _broadcasts(s, shape))
+                                    for s, k in shapes.items())
 
     @property
     def body_ops(self) -> int:
@@ -104,6 +183,9 @@ def _phase_of(op, srcs, phase) -> Phase | None:
 
 
 _PHASE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 1, Phase.EPILOGUE: 2}
+# the highest phase rank of an op reading a value of this phase (outside the loop an
+# accumulator is read by epilogue ops)
+_SOURCE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 2, Phase.EPILOGUE: 2}
 
 
 @dataclass(frozen=True)
@@ -133,7 +215,14 @@ class BlockEnumerator:
         self.sizes = sizes
         self.goal = goal
         self.forloop = sizes.forloop
+        allowed = not ctx.config.block_ops or BOp.THREAD.value in ctx.config.block_ops
+        self.units = units(ctx.spec) if allowed else ()
         self._memo: dict = {}
+        self._partials: dict = {}
+        self.spec_forms, self.inside_forms = spec_forms(ctx.spec)
+        self.scales = structure_scales(ctx.spec)
+        if not self.units:
+            self.inside_forms = frozenset()
         inputs, exprs, labels, phases = [], {}, {}, {}
         for i, t in enumerate(tensors):
             imap, fmap = input_maps(t.labels, skeleton)
@@ -198,16 +287,23 @@ class BlockEnumerator:
         """(op rank, op, sources, arg, source positions) of every op that could come next in
         canonical order; _admit checks them.
 
-        Once the body is in the epilogue (the last key's phase rank is the highest), a new op
-        must read the newest source of the last op or a later one, else its key is smaller:
-        those combinations are not generated at all.
+        A new op's phase rank is at most its sources' highest (an accumulator's value counts as
+        an epilogue one: what reads it runs after the loop), so where that is no higher than
+        the last op's, the new op must read the newest source of the last op or a later one,
+        else its key is smaller: those combinations are not generated at all.
         """
         st, ops = self.state, self.ctx.ops.block
         values = list(st.nodes)
         pos = st.pos
         last = st.keys[-1]
-        newest = last[1] if last[0] == _PHASE_RANK[Phase.EPILOGUE] else -10
-        fresh = values[max(newest, 0):] if newest >= 0 else values
+        floor, top = (last[1], last[0]) if len(last) > 1 else (-10, -1)
+        phase = st.phase
+        hot = {v for v in values if pos[v] >= floor or _SOURCE_RANK[phase[v]] > top}
+
+        def later(*srcs) -> bool:
+            return any(s in hot for s in srcs)
+
+        fresh = [a for a in values if a in hot]
         for op in ops:
             rank = _OP_RANK[op]
             if op in UNARY:
@@ -221,7 +317,8 @@ class BlockEnumerator:
                     pa = pos[a]
                     for b in operands:
                         pb = pos[b]
-                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or max(pa, pb) < newest:
+                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or \
+                                not (a in hot or b in hot):
                             continue
                         yield rank, op, (a, b), None, (pa, pb)
             elif op in TERNARY:  # select(c, a, b): c a tile, a and b tiles or constants
@@ -229,13 +326,12 @@ class BlockEnumerator:
                 for c in (v for v in values if is_mask(v, self._mask_tile)):
                     for a in operands:
                         for b in operands:
-                            idx = (pos[c], pos[a], pos[b])
-                            if max(idx) >= newest and a is not b:
-                                yield rank, op, (c, a, b), None, idx
+                            if a is not b and later(c, a, b):
+                                yield rank, op, (c, a, b), None, (pos[c], pos[a], pos[b])
             elif op is BOp.MATMUL:
                 for a in values:
                     for b in values:
-                        if max(pos[a], pos[b]) >= newest:
+                        if later(a, b):
                             yield rank, op, (a, b), None, (pos[a], pos[b])
             elif op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
                 for a in fresh:
@@ -252,11 +348,25 @@ class BlockEnumerator:
                 runs = [m for m in values if m.op in RUNNING_ACCUMULATORS]
                 for a in values:
                     for m in runs:
-                        if max(pos[a], pos[m]) >= newest:
+                        if top < 1 or (top == 1 and max(pos[a], pos[m]) >= floor):
                             yield rank, op, (a, m), None, (pos[a], pos[m])
             elif op in ACCUMULATORS:
-                for a in fresh:
-                    yield rank, op, (a,), None, (pos[a],)
+                for a in values:
+                    if top < 1 or (top == 1 and pos[a] >= floor):
+                        yield rank, op, (a,), None, (pos[a],)
+        yield from self._unit_candidates(values, later)
+
+    def _unit_candidates(self, values, later):
+        """Thread units whose every operand is a block value with the expression it stands for."""
+        same, exprs, pos = self.ctx.pruner.same, self.state.exprs, self.state.pos
+        rank = _OP_RANK[BOp.THREAD]
+        for unit in self.units:
+            if any(map(self.state.holds_form, unit.inner)):
+                continue        # it would recompute a value the block has: extend that instead
+            choices = [[v for v in values if same(exprs[v], leaf)] for leaf in unit.leaves]
+            for srcs in itertools.product(*choices):
+                if later(*srcs):
+                    yield rank, BOp.THREAD, srcs, unit.root, tuple(pos[s] for s in srcs)
 
     def _mask_tile(self, node) -> bool:
         """An input tile of a mask tensor is a mask."""
@@ -288,13 +398,17 @@ class BlockEnumerator:
         key = (phase_rank, max(idx), idx, rank, arg_text)
         if key <= st.keys[-1] or node in st.pos:
             return None
+        if op in ELEMENTWISE and st.holds_form(N.normalize(expr), node.shape):
+            self.ctx.counters.pruned[Reject.DUPLICATE.value] += 1   # x * 1, or a value twice
+            return None
         return node, expr, labels, phase, key
 
     def _facts(self, op, srcs, arg, phase):
         """Build one candidate node (its phase known) and run the cheap checks, then the
         expression check."""
         st, ctx = self.state, self.ctx
-        if self._scaled_before_linear(op, srcs):
+        if self._scaled_before_linear(op, srcs) \
+                or _rescaled_constant(op, srcs) or self._reads_partial_sum(op, srcs, phase):
             ctx.counters.pruned[Reject.CANONICAL.value] += 1
             return None
         if not _shapes_may_fit(op, srcs):
@@ -313,10 +427,49 @@ class BlockEnumerator:
             return None
         expr = ctx.pruner.block_expr(node, [st.exprs[s] for s in srcs], self.forloop)
         reason = ctx.pruner.reject(expr)
+        if reason is None and self._stray(op, srcs, expr):
+            reason = Reject.CANONICAL
         if reason is not None:
             ctx.counters.pruned[reason.value] += 1
             return None
         return node, expr, labels, phase
+
+    def _partial(self, node) -> bool:
+        """A loop value that sums over part of the looped index: a matmul contracting it, a
+        reduction over it, or elementwise math on such a value."""
+        found = self._partials.get(node)
+        if found is None:
+            loop, labels = self.skeleton.loop, self.state.labels
+            if loop is None or self.state.phase.get(node) is not Phase.LOOP:
+                found = False
+            elif node.op is BOp.MATMUL:
+                found = _outer(labels[node.srcs[0]][-1]) is loop
+            elif node.op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
+                found = _outer(labels[node.srcs[0]][node.arg]) is loop
+            else:
+                found = node.op in ELEMENTWISE and any(map(self._partial, node.srcs))
+            self._partials[node] = found
+        return found
+
+    def _reads_partial_sum(self, op, srcs, phase) -> bool:
+        """Elementwise math on a partial sum inside the loop: f(partial) summed over iterations
+        is not f(sum) unless f is linear, and linear scalings are taken after the accumulator
+        (`_scaled_before_linear`), so no such value leads to a candidate."""
+        return phase is Phase.LOOP and op in ELEMENTWISE and any(map(self._partial, srcs))
+
+    def _stray(self, op, srcs, expr) -> bool:
+        """A single elementwise op must compute a value of the spec, or scale a value by one of
+        its constants (q / sqrt(d) before q @ k): the sub-expression test alone admits every
+        term of an expanded polynomial (0.5 * y of gelu's 0.5 * y * (1 + tanh(...))), and the
+        spec's values, or a thread unit of them, are all a fused kernel needs. Nor is a value
+        built only inside an elementwise region made op by op, where a unit makes the region."""
+        if not isinstance(op, TOp):
+            return False
+        form = N.normalize(expr)
+        if form in self.inside_forms:
+            return True
+        return form not in self.spec_forms and not (
+            _scaling(op, srcs) and _constant_of(srcs) in self.scales)
 
     def _loop_shape_ok(self, op, srcs, phase) -> bool:
         """With a loop, accumulate loop values (summing an invariant F times is a multiply);
@@ -405,8 +558,8 @@ class BlockEnumerator:
             except InvalidGraph:
                 return None
         try:
-            graph = BlockGraph(sizes.grid, 128, sizes.forloop, tuple(st.nodes[:st.n_inputs]),
-                               tuple(outputs))
+            graph = fuse_threads(BlockGraph(sizes.grid, 128, sizes.forloop,
+                                            tuple(st.nodes[:st.n_inputs]), tuple(outputs)))
         except InvalidGraph:
             self.ctx.counters.pruned[Reject.SHAPE.value] += 1
             return None

@@ -39,7 +39,12 @@ class SearchConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            _check_number(f.name, f.type, getattr(self, f.name))
+            value = _check_number(f.name, f.type, getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
+        for name in ("kernel_ops", "block_ops"):
+            if isinstance(getattr(self, name), str):
+                raise SearchError(f"SearchConfig.{name}={getattr(self, name)!r} is one string",
+                                  hint=f"give a list of op names, e.g. {name}=['matmul', 'exp']")
         if self.target not in TARGETS:
             raise SearchError(f"unknown target {self.target!r}", hint=f"one of {', '.join(TARGETS)}")
         for name in self.kernel_ops:
@@ -60,6 +65,9 @@ class SearchConfig:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SearchError(f"SearchConfig JSON is malformed: {e}") from None
+        if not isinstance(data, dict):
+            raise SearchError(f"SearchConfig JSON must be an object of fields, got "
+                              f"{type(data).__name__}")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise SearchError(f"unknown SearchConfig fields {sorted(unknown)}")
@@ -73,18 +81,22 @@ class SearchConfig:
 _MINIMUM = {"max_custom_ops": 0, "seed": 0, "reduced_extent": 2}
 
 
-def _check_number(name: str, kind: str, value) -> None:
-    """A typed error naming the field, the value and the fix for a bad number."""
+def _check_number(name: str, kind: str, value):
+    """The value (a whole float becomes an int for an int field), or a typed error naming the
+    field, the value and the fix."""
     if kind not in ("int", "float"):
-        return
-    numeric = (int, float) if kind == "float" else (int,)
+        return value
     low = _MINIMUM.get(name, 1)
-    if isinstance(value, bool) or not isinstance(value, numeric) or \
-            (kind == "float" and not math.isfinite(value)) or value < low or \
-            (kind == "float" and value <= 0):
-        what = "a positive, finite number" if kind == "float" else f"an integer >= {low}"
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and kind == "int":
+        ok = value == math.floor(value)
+        value = int(value) if ok else value
+    if not ok or value < low or (kind == "float" and value <= 0):
+        what = "a positive, finite number" if kind == "float" else f"a whole number >= {low}"
+        default = SearchConfig.__dataclass_fields__[name].default
         raise SearchError(f"SearchConfig.{name}={value!r} must be {what}",
-                          hint=f"e.g. SearchConfig({name}={SearchConfig.__dataclass_fields__[name].default!r})")
+                          hint=f"e.g. SearchConfig({name}={default!r})")
+    return value
 
 
 def _known(name: str, enums) -> bool:

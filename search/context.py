@@ -7,6 +7,7 @@ from enum import Enum
 
 from mugraph.ir import DType, KernelGraph
 from mugraph.ir.ops import BOp, KOp, TOp
+from mugraph.search import interrupt
 
 
 class StopReason(Enum):
@@ -17,6 +18,7 @@ class StopReason(Enum):
     TIME = "time"
     STATES = "states"
     CANDIDATES = "candidate cap"
+    INTERRUPTED = "interrupted"     # Ctrl-C or SIGTERM (search.interrupt)
 
 
 class Reject(Enum):
@@ -109,6 +111,8 @@ class Budget:
     started: float = field(default_factory=time.monotonic)
 
     def check(self, counters: Counters) -> None:
+        if interrupt.requested():
+            raise BudgetExhausted(StopReason.INTERRUPTED)
         if counters.states >= self.states:
             raise BudgetExhausted(StopReason.STATES)
         if self.cap is not None and counters.states >= self.cap:

@@ -365,7 +365,7 @@ def _tensor_bytes(node: KNode) -> int:
 
 def _unique_bytes(node: KNode) -> int:
     root = _root(node)
-    return 0 if root.op is KOp.CONSTANT else _tensor_bytes(root)
+    return 0 if root.op in (KOp.CONSTANT, KOp.IOTA) else _tensor_bytes(root)  # an iota is computed
 
 
 def _bandwidth(t: Target) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import signal
 from typing import Callable, Iterable, Protocol
 
 from mugraph.ir.errors import SearchError
@@ -32,6 +33,11 @@ class InProcess:
         pass
 
 
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C (sent to the whole process group) to the parent, which stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class ProcessPool:
     """A local pool of worker processes (forkserver start, so workers begin from a clean state)."""
 
@@ -41,10 +47,18 @@ class ProcessPool:
         self.workers = max(1, workers)
         import multiprocessing as mp
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context(method))
+        self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context(method),
+                                           initializer=_ignore_interrupts)
 
     def map(self, fn, tasks):
         return self.pool.map(fn, list(tasks))
+
+    def cancel(self) -> None:
+        """Stop now: drop queued tasks and end the workers (a stopped search)."""
+        processes = list(getattr(self.pool, "_processes", {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
@@ -61,21 +75,43 @@ class DaskExecutor:
         except ImportError:
             raise SearchError("the Dask executor needs dask[distributed]",
                               hint="pip install 'mugraph[dask]'") from None
+        self.futures: list = []
         if address:
-            self.client, self.cluster = Client(address), None
+            self.client, self.cluster = _connect(Client, address), None
         else:
             self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                         dashboard_address=None)
             self.client = Client(self.cluster)
 
     def map(self, fn, tasks):
-        futures = self.client.map(fn, list(tasks), pure=False)
-        return (f.result() for f in futures)
+        self.futures = self.client.map(fn, list(tasks), pure=False)
+        return (f.result() for f in self.futures)
+
+    def cancel(self) -> None:
+        """Stop now: cancel the tasks sent to the cluster."""
+        self.client.cancel(self.futures)
 
     def close(self) -> None:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+
+CONNECT_SECONDS = 10.0
+
+
+def _connect(client_class, address: str):
+    """A Dask client for `address`; SearchError naming the address when none answers."""
+    if not isinstance(address, str) or not address.strip():
+        raise SearchError(f"Dask scheduler address {address!r} is empty",
+                          hint="e.g. --scheduler tcp://host:8786, or leave it out for a local cluster")
+    try:
+        return client_class(address, timeout=CONNECT_SECONDS)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise SearchError(f"cannot reach the Dask scheduler at {address!r} within "
+                          f"{CONNECT_SECONDS:.0f} s ({type(e).__name__}: {e})",
+                          hint="check the address and that `dask scheduler` runs there; "
+                               "--executor process-pool runs on this machine") from None
 
 
 def make_executor(workers: int, kind: str | None = None, address: str | None = None) -> Executor:

@@ -11,6 +11,7 @@ from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, Kernel
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BOp, KOp
 from mugraph.search.labels import UNIT_DIM, LabelAnalysis
+from mugraph.ir.thread import map_constants
 from mugraph.search.views import resized_view
 
 
@@ -159,6 +160,8 @@ def _constant_arg(node, constants: dict):
     arg = node.arg
     if node.op in (KOp.CONSTANT, BOp.CONSTANT) and arg[0] in constants:
         return (constants[arg[0]],) + tuple(arg[1:])
+    if node.op is BOp.THREAD:
+        return map_constants(arg, lambda v: constants.get(v, v))
     return arg
 
 

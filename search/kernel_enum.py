@@ -16,8 +16,9 @@ from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TERNARY, TOp, UNARY, is_mas
 from mugraph.search.block_enum import BlockEnumerator, Goal
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
+from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
-from mugraph.search.views import over_inputs, view_tensors
+from mugraph.search.views import as_shape, over_inputs, same_extents, view_tensors
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
 
@@ -68,18 +69,25 @@ class KernelEnumerator:
         return tasks
 
     def _subsets(self, tensors, goal):
-        """Input sets for a custom op; the last kernel must read every input its targets need."""
+        """Input sets for a custom op; the last kernel must read every input its targets need.
+        Index leaves (iotas, which a kernel could compute from its position) come on top of
+        `max_block_inputs`: a causal mask adds two to the Q, K, V of an attention."""
         cfg = self.ctx.config
         needed = set()
         for expr, _ in goal.targets:
             needed |= self.ctx.pruner.variables(expr)
+        index = [i for i, t in enumerate(tensors) if is_index_leaf(t.node)]
+        plain = [i for i in range(len(tensors)) if i not in index]
+        extras = [c for k in range(len(index) + 1) for c in itertools.combinations(index, k)]
         for k in range(1, cfg.max_block_inputs + 1):
-            for subset in itertools.combinations(range(len(tensors)), k):
-                have = set()
-                for i in subset:
-                    have |= self.ctx.pruner.variables(tensors[i].expr)
-                if needed <= have:
-                    yield subset
+            for chosen in itertools.combinations(plain, k):
+                for extra in extras:
+                    subset = tuple(sorted(chosen + extra))
+                    have = set()
+                    for i in subset:
+                        have |= self.ctx.pruner.variables(tensors[i].expr)
+                    if needed <= have:
+                        yield subset
 
     def _skeletons(self, srcs, goal):
         return skeletons(srcs, self.ctx.is_reduction, final=goal.final)
@@ -121,11 +129,11 @@ class KernelEnumerator:
     def _complete(self, tensors) -> KernelGraph | None:
         outs = []
         for node, expr in self.spec_outputs:
-            match = next((t for t in reversed(tensors) if t.node.shape == node.shape
+            match = next((t for t in reversed(tensors) if same_extents(t.node.shape, node.shape)
                           and self.ctx.pruner.same(t.expr, expr)), None)
             if match is None:
                 return None
-            outs.append(match.node)
+            outs.append(as_shape(match.node, node.shape))   # keepdims or not: a view
         if all(over_inputs(o) for o in outs):
             return None
         try:
@@ -150,7 +158,8 @@ class KernelEnumerator:
         if not final:
             return Goal(self.ctx.config.max_block_outputs)
         missing = tuple((expr, node.shape) for node, expr in self.spec_outputs
-                        if not any(t.node.shape == node.shape and self.ctx.pruner.same(t.expr, expr)
+                        if not any(same_extents(t.node.shape, node.shape)
+                                   and self.ctx.pruner.same(t.expr, expr)
                                    for t in tensors))
         return Goal(len(missing), missing)
 

@@ -14,6 +14,14 @@ from mugraph.ir.node import kernel_input
 from mugraph.ir.ops import KOp
 
 
+PREFIX = "%iota"
+
+
+def is_index_leaf(node: KNode) -> bool:
+    """Whether `node` is an input standing for an iota (see `index_inputs`)."""
+    return node.op is KOp.INPUT and node.arg[0].startswith(PREFIX)
+
+
 def _rebuilt(graph: KernelGraph, mapping: dict) -> list:
     """The outputs of `graph` with nodes replaced as `mapping` says (sources first)."""
     for node in graph.nodes:
@@ -31,7 +39,7 @@ def index_inputs(spec: KernelGraph) -> tuple[KernelGraph, dict[str, KNode]]:
         return spec, {}
     taken, leaves, mapping = set(spec.input_names), {}, {}
     for k, node in enumerate(iotas):
-        name = f"%iota{k}"
+        name = f"{PREFIX}{k}"
         while name in taken:
             name += "_"
         taken.add(name)

@@ -43,7 +43,8 @@ class SearchReport:
     simplified: int = 0            # structures the simplifier made smaller (re-verified)
     split: int = 0                 # split-K / split-KV structures derived and verified
     verifier_errors: tuple = ()    # candidates the verifier could not run (rejected), messages
-    xla_estimate: object = None    # the XLA-like baseline (search/baseline.py) under the cost model
+    resumed: str = ""                         # where a resumed search took up (checkpoint)
+    resized: str = ""                         # a winner re-sized from another shape's search
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -74,6 +75,10 @@ class SearchReport:
         if self.unchecked:
             lines.append(f"not checked at the real shapes (the budget ran out): "
                          f"{self.unchecked} candidates")
+        if self.resumed:
+            lines.append(self.resumed)
+        if self.resized:
+            lines.append(self.resized)
         return "\n".join(line for line in lines if line)
 
 
@@ -83,6 +88,8 @@ _STOP_MEANING = {
     "states": "the state budget ended the enumeration; the space was not exhausted",
     "candidate cap": "max_candidates verified structures ended the enumeration; the space was "
                      "not exhausted",
+    "interrupted": "a stop request ended the enumeration; the space was not exhausted and the "
+                   "winner was not checked at the real shapes",
 }
 
 
@@ -109,34 +116,41 @@ class SearchResult:
         return self.candidates[0]
 
     @property
-    def speedup(self) -> float:
-        """Estimated speedup of the winner over the unfused spec under the cost model."""
-        return self.report.spec_estimate.seconds / self.candidates[0].seconds
+    def xla_estimate(self):
+        """The XLA-like baseline: what jax.jit would launch for the spec (search/baseline.py)."""
+        from mugraph.search.baseline import xla_estimate
+        return xla_estimate(self.spec, self.report.target)
 
     @property
-    def xla_speedup(self) -> float | None:
-        """Estimated speedup over the XLA-like baseline (what jax.jit would launch): the headline."""
-        xla = self.report.xla_estimate
-        return None if xla is None else xla.seconds / self.candidates[0].seconds
+    def speedup(self) -> float | None:
+        """The headline: estimated speedup of the winner over the XLA-like baseline; None when
+        the winner launches nothing (an identity, a program of its inputs only)."""
+        best = self.candidates[0].seconds
+        return self.xla_estimate.seconds / best if best > 0 else None
 
-    def _speedup_lines(self) -> list[str]:
-        lines = []
-        if self.report.xla_estimate is not None:
-            lines.append(f"  XLA-like baseline {self.report.xla_estimate.seconds * 1e6:.2f} us "
-                         f"({self.report.xla_estimate.launches} launches) -> estimated speedup "
-                         f"{self.xla_speedup:.2f}x over jax.jit's kernels as modelled")
-        lines.append(f"  unfused spec {self.report.spec_estimate.seconds * 1e6:.2f} us -> "
-                     f"estimated speedup {self.speedup:.2f}x over one library kernel per op")
-        return lines
+    @property
+    def speedup_vs_unfused(self) -> float | None:
+        """Estimated speedup over the unfused spec (one library launch per op): secondary."""
+        best = self.candidates[0].seconds
+        return self.report.spec_estimate.seconds / best if best > 0 else None
 
     def summary(self) -> str:
         best = self.candidates[0]
         roof = self.report.roofline.seconds
-        lines = [str(self.report), "",
-                 f"winner: {best.structure}",
-                 f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
-                 f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
-                 *self._speedup_lines()]
+        lines = [str(self.report), "", f"winner: {best.structure}"]
+        if best.seconds > 0 and roof > 0:
+            lines += [f"  estimated {best.seconds * 1e6:.2f} us on {self.report.target} "
+                      f"(roofline bound {roof * 1e6:.2f} us, {best.seconds / roof:.2f}x the bound)",
+                      f"  estimated speedup {self.speedup:.2f}x against the XLA-like baseline "
+                      f"{self.xla_estimate.seconds * 1e6:.2f} us (what jax.jit would launch: "
+                      f"{self.xla_estimate.launches} fused kernels; search/baseline.py)",
+                      f"  {self.speedup_vs_unfused:.2f}x against the unfused program "
+                      f"{self.report.spec_estimate.seconds * 1e6:.2f} us "
+                      f"({self.report.spec_estimate.launches} launches, one per op)"]
+        else:
+            lines.append(f"  the cost model counts no work: the outputs are inputs or constants "
+                         f"(estimated {best.seconds * 1e6:.2f} us on {self.report.target}; no "
+                         f"speedup to report)")
         if self.report.verification is not None:
             lines.append("  verification: " + str(self.report.verification).replace("\n", "\n    "))
         return "\n".join(lines)

@@ -10,13 +10,13 @@
 """
 from __future__ import annotations
 
-import sys
+import dataclasses
 import time
 from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import SearchError
-from mugraph.ir.ops import KERNEL_LEAF, KOp
+from mugraph.ir.ops import KERNEL_LAYOUT, KERNEL_LEAF, KOp
 from mugraph.search.config import SearchConfig
 from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, Reject,
                                      StopReason, TaskCapReached)
@@ -98,16 +98,20 @@ def run_task(args):
 
 
 def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=None,
-           executor=None) -> SearchResult:
+           executor=None, checkpoint=None) -> SearchResult:
     """Find the best verified μGraph for `spec` (see the module docstring for the steps).
 
+    `checkpoint` (a `search.checkpoint.Checkpointer`) resumes from the state a stopped run left
+    and saves the state as the search goes. A stop request (`search.interrupt`) ends the
+    enumeration at once; the result then holds the best structure verified so far, without the
+    check at the real shapes, and the stop reason "interrupted".
+
     `config.budget_seconds` bounds the whole call: the enumeration ends `finish_reserve` seconds
-    early so the ranking and the bounded check at the real shapes fit in what is left.
-    """
+    early so the ranking and the bounded check at the real shapes fit in what is left."""
     from mugraph.search.executors import make_executor
     config = validate(spec, config)
     started = time.monotonic()
-    show = progress if progress is not None else _default_progress()
+    show = progress if progress is not None else _default_progress(config)
     canonical, fired = canonicalize(spec)
     indexed, leaves = index_inputs(canonical)   # iotas are inputs of the structure search
     analysis = analyze(indexed)
@@ -117,16 +121,18 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     own_executor = executor is None
     executor = executor or make_executor(config.workers)
     ranking = _Ranking(spec, constants, config, indexed, leaves)
+    hooks = _Hooks(checkpoint, ranking)
     deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds)
     ranking.deadline = deadline
     try:
-        counters, stop = _enumerate(problem, executor, started, deadline, show, ranking)
-        searched = time.monotonic() - started
+        counters, stop = _enumerate(problem, executor, started, deadline, show, ranking, hooks)
+        searched = time.monotonic() - started + hooks.searched_before
     finally:
+        getattr(show, "close", lambda: None)()
         if own_executor:
             executor.close()
     return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started,
-                   searched)
+                   searched, hooks.resumed_note)
 
 
 def validate(spec, config) -> SearchConfig:
@@ -193,60 +199,110 @@ class _Ranking:
         return min((c.seconds for c in self.candidates), default=None)
 
 
+class _Hooks:
+    """The runner's side of checkpoints: restore a saved state, save the current one."""
+
+    def __init__(self, checkpoint, ranking):
+        self.checkpoint, self.ranking = checkpoint, ranking
+        self.start = checkpoint.resume() if checkpoint is not None else None
+        self.searched_before = self.start.searched if self.start else 0.0
+        self.resumed_note = (f"resumed from a checkpoint saved "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.start.saved))}"
+                             f" at {self.start.where()}" if self.start else "")
+        if self.start is not None:
+            ranking.candidates[:] = self.start.candidates
+            ranking.first_found.update(self.start.first_found)
+            ranking.misfits = self.start.misfits
+
+    def save(self, started, depth, cap, share, todo, unfinished, counters, seen, force=False):
+        if self.checkpoint is None:
+            return
+        from mugraph.search.checkpoint import SearchState
+        runs = self.start.runs + 1 if self.start else 1
+        # a snapshot, consistent at this task boundary (the runner goes on mutating its own)
+        snapshot = dataclasses.replace(counters, pruned=dict(counters.pruned))
+        self.checkpoint.save(SearchState(
+            depth, cap, share, None if todo is None else list(todo), list(unfinished), snapshot,
+            list(seen), list(self.ranking.candidates), dict(self.ranking.first_found),
+            self.ranking.misfits, time.monotonic() - started + self.searched_before, runs),
+            force=force)
+
+
 FIRST_CAP = 2048     # states per task in the first round; each round multiplies it by CAP_GROWTH
 CAP_GROWTH = 4
 
 
-def _enumerate(problem, executor, started, deadline, show, ranking):
+def _enumerate(problem, executor, started, deadline, show, ranking, hooks):
     """Iterative deepening on kernel ops; within a depth, iterative broadening over root tasks:
     every task gets a share of states per round, unfinished tasks run again with a share
-    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget.
+    CAP_GROWTH times larger, so no single unpromising subtree can eat the budget. The state is
+    saved after every task (hooks); a resumed search starts in the round it was stopped in.
 
     The stop reason is EXHAUSTED only when every task of every depth ran to its end; the state
-    and time budgets and the candidate cap each stop it with their own reason."""
+    and time budgets, the candidate cap and an interrupt each stop it with their own reason."""
     config = problem.config
-    counters, seen = Counters(), set()
+    counters, seen, stop = Counters(), set(), StopReason.EXHAUSTED
     enum = _enumerator(problem, deadline, config.budget_states)
-    for depth in range(1, config.max_kernel_ops + 1):
-        stop = _deepen(problem, executor, enum.root_tasks(depth), depth, deadline, counters, seen,
-                       ranking, lambda: show(counters, ranking.best_seconds,
-                                             time.monotonic() - started))
-        if stop is not None:
-            return counters, stop
-    return counters, StopReason.EXHAUSTED
+    first_depth, resumed = 1, hooks.start
+    if resumed is not None:
+        counters, seen, first_depth = resumed.counters, set(resumed.seen), resumed.depth
+    for depth in range(first_depth, config.max_kernel_ops + 1):
+        pending, cap, carried, fixed_share = enum.root_tasks(depth), FIRST_CAP, [], None
+        if resumed is not None:
+            if resumed.todo is not None:  # None: stopped between depths, the new depth's tasks
+                pending, cap, carried = resumed.todo, resumed.cap, list(resumed.unfinished)
+                fixed_share = resumed.share
+            resumed = None
+        while (pending or carried) and stop is StopReason.EXHAUSTED:
+            if not pending:  # a resumed round whose own tasks had all run
+                pending, cap, carried = carried, cap * CAP_GROWTH, []
+                continue
+            # the states left are shared out, so tasks running side by side cannot overrun
+            # them; a task that uses its share runs again next round, like one at its cap
+            share = fixed_share or (config.budget_states - counters.states) // len(pending)
+            fixed_share = None
+            if share < 1:
+                stop = StopReason.STATES
+                break
+            batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
+                     for t in pending]
+            unfinished, carried = carried, []
+            for i, (task, (found, task_counters, task_stop, finished)) in enumerate(zip(
+                    pending, executor.map(run_task, batch))):
+                counters.merge(task_counters)
+                try:
+                    _verify_found(problem, found, seen, counters, ranking)
+                except BudgetExhausted as e:      # sizing ran into the deadline
+                    task_stop = task_stop or e.reason
+                show(counters, ranking.best_seconds, time.monotonic() - started)
+                task_stop = task_stop or _cap_or_deadline(counters, config, deadline)
+                if task_stop is not None:
+                    stop = task_stop
+                    hooks.save(started, depth, cap, share, pending[i:], unfinished, counters,
+                               seen, force=True)  # the stopped task runs again on resume
+                    break
+                if not finished:
+                    unfinished.append(task)
+                hooks.save(started, depth, cap, share, pending[i + 1:], unfinished, counters, seen)
+            pending, cap = unfinished, cap * CAP_GROWTH
+        if stop is not StopReason.EXHAUSTED:
+            break
+        hooks.save(started, depth + 1, FIRST_CAP, None, _NEXT_DEPTH, [], counters, seen)
+    return counters, stop
 
 
-def _deepen(problem, executor, pending, depth, deadline, counters, seen, ranking, show):
-    """Run every root task of one depth to its end (or a stop reason, returned)."""
-    config = problem.config
-    cap = FIRST_CAP
-    while pending:
-        # the states left are shared out, so tasks running side by side cannot overrun them;
-        # a task that uses its share runs again next round, like one at its cap
-        share = (config.budget_states - counters.states) // len(pending)
-        if share < 1:
-            return StopReason.STATES
-        batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
-                 for t in pending]
-        unfinished = []
-        for task, (found, task_counters, task_stop, finished) in zip(
-                pending, executor.map(run_task, batch)):
-            counters.merge(task_counters)
-            try:
-                _verify_found(problem, found, seen, counters, ranking)
-            except BudgetExhausted as e:     # sizing ran into the deadline
-                return e.reason
-            show()
-            if task_stop is not None:
-                return task_stop
-            if time.monotonic() > deadline:      # verifying and sizing take time too
-                return StopReason.TIME
-            if counters.verified >= config.max_candidates:
-                return StopReason.CANDIDATES
-            if not finished:
-                unfinished.append(task)
-        pending, cap = unfinished, cap * CAP_GROWTH
+def _cap_or_deadline(counters, config, deadline):
+    """A stop reason the enumeration itself does not see: verifying and sizing take time too,
+    and the candidate cap counts verified structures."""
+    if time.monotonic() > deadline:
+        return StopReason.TIME
+    if counters.verified >= config.max_candidates:
+        return StopReason.CANDIDATES
     return None
+
+
+# a saved frontier at a depth boundary: the next depth's root tasks (computed when resuming)
+_NEXT_DEPTH = None
 
 
 def _verify_found(problem, found, seen, counters, ranking) -> None:
@@ -305,8 +361,8 @@ def _rank_key(c: Candidate):
             c.origin != "search", c.graph.digest())
 
 
-def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched):
-    from mugraph.search.baseline import xla_estimate
+def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched,
+            resumed=""):
     from mugraph.search.cost import estimate, roofline
     target = config.target
     ranked = list(ranking.candidates)
@@ -316,7 +372,10 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         ranked.append(Candidate(canonical, estimate(canonical, target),
                                 "the canonical spec (library kernels)", "spec"))
     ranked.sort(key=_rank_key)
-    outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds)
+    if stop is StopReason.INTERRUPTED:   # stopping: the best so far, unchecked at the real shapes
+        outcome = _Checked(ranked, None, None)
+    else:
+        outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds)
     best = outcome.ranked[0]
     counters.pruned[Reject.MEMORY.value] = ranking.misfits
     found = ranking.first_found.get(best.graph, (None, None))
@@ -327,12 +386,11 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         wall_seconds=time.monotonic() - started, search_seconds=searched, rules_fired=tuple(fired),
         reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
-        xla_estimate=xla_estimate(spec, target),
         verification=outcome.verification, config=config.to_json(),
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),
         unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split,
-        verifier_errors=tuple(ranking.crashes))
+        verifier_errors=tuple(ranking.crashes), resumed=resumed)
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
 
@@ -385,11 +443,10 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    from mugraph.ir.ops import KERNEL_LAYOUT
-    read_by_library = {s for n in graph.nodes if n.op.value != "custom" for s in n.srcs}
-    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")
+    read_by_library = {s for n in graph.nodes if n.op is not KOp.CUSTOM for s in n.srcs}
+    library = [n for n in graph.nodes if n.op not in KERNEL_LEAF and n.op is not KOp.CUSTOM
                and not (n.op in KERNEL_LAYOUT and n not in read_by_library
-                        and n not in graph.outputs)]   # a view custom kernels read through
+                        and (n not in graph.outputs or n.op is KOp.RESHAPE))]   # views
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
     if library:
         parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")
@@ -398,18 +455,13 @@ def describe(graph: KernelGraph) -> str:
     return ", ".join(parts) + (": " + "; ".join(kernels) if kernels else "")
 
 
-def _default_progress():
-    from mugraph.ir.settings import settings
-    if not settings.progress or not sys.stderr.isatty():
-        return lambda *a: None
-    last = [0.0]
+def _default_progress(config):
+    from mugraph.search.progress import default_progress
+    return default_progress(config.budget_seconds, in_flight=_in_flight_states)
 
-    def show(counters, best, elapsed):
-        if elapsed - last[0] < 1.0:
-            return
-        last[0] = elapsed
-        best_text = f"best {best * 1e6:.2f} us" if best is not None else "no candidate yet"
-        print(f"\r  search: {elapsed:6.1f} s  {counters.states:>9} states  "
-              f"{counters.verified:>3} verified  {best_text}   ", end="", file=sys.stderr,
-              flush=True)
-    return show
+
+def _in_flight_states() -> tuple[int, int]:
+    """(which task, its states) for the task running in this process (in-process executor),
+    whose counters are merged only when it ends."""
+    enum = _WORKER.get("enum")
+    return (id(enum.ctx.counters), enum.ctx.counters.states) if enum is not None else (0, 0)

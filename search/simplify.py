@@ -63,7 +63,7 @@ def fold_constant(new, old, walk: _Walk):
         return None
     value = N.constant_value(form)
     if value is None or not walk.users[old] or \
-            not all(isinstance(u.op, TOp) for u in walk.users[old]):
+            not all(isinstance(u.op, TOp) or u.op is BOp.THREAD for u in walk.users[old]):
         return None
     return BNode(BOp.CONSTANT, (), (float(value), (1,), DType.FLOAT32))
 
@@ -153,8 +153,31 @@ def _forms(exprs: dict) -> dict:
     return forms
 
 
+def plain(bg: BlockGraph) -> BlockGraph:
+    """The block graph with every thread graph (BOp.THREAD) expanded into its elementwise ops,
+    so the rules see each op; `fuse_threads` regroups them afterwards."""
+    from mugraph.ir.node import toposort
+    from mugraph.ir.thread import expand
+    mapping: dict = {}
+    for n in toposort([o.node for o in bg.outputs]):
+        new = n if n.op in (BOp.INPUT, BOp.CONSTANT) else _rebuild(n, mapping)
+        mapping[n] = expand(new) if new.op is BOp.THREAD else new
+    if all(mapping[n] is n for n in mapping):
+        return bg
+    return BlockGraph(bg.grid, bg.threads, bg.forloop, bg.inputs,
+                      tuple(BlockOutput(mapping[o.node], o.omap, o.dtype, o.shape)
+                            for o in bg.outputs))
+
+
 def simplify_block(bg: BlockGraph, input_exprs) -> tuple[BlockGraph, list, list[str]]:
-    """(simplified graph, indices of the inputs it still reads, rules fired)."""
+    """(simplified graph, indices of the inputs it still reads, rules fired); thread graphs are
+    expanded for the rules and regrouped after them."""
+    from mugraph.ir.thread import fuse_threads
+    graph, kept, fired = _simplify_plain(plain(bg), input_exprs)
+    return (fuse_threads(graph) if fired else bg), kept if fired else list(range(len(bg.inputs))), fired
+
+
+def _simplify_plain(bg: BlockGraph, input_exprs) -> tuple[BlockGraph, list, list[str]]:
     nodes = bg.nodes
     walk = _Walk(_forms(block_expressions(bg, input_exprs)), bg.phases(), _users(nodes),
                  frozenset(o.node for o in bg.outputs))
@@ -268,8 +291,11 @@ def _custom(old, mapping, blocks, exprs, walk):
 
 
 def op_count(graph: KernelGraph) -> int:
-    """Kernel ops plus the ops of every block graph (inputs and constants excluded)."""
-    kernel = sum(1 for n in graph.nodes if n.op not in (KOp.INPUT, KOp.CONSTANT))
-    block = sum(1 for bg, _ in graph.custom_ops() for n in bg.nodes
+    """Kernel ops plus every block graph's ops (inputs and constants excluded), each op of a
+    thread graph counted."""
+    from mugraph.ir.thread import ops_of
+    kernel = sum(1 for n in graph.nodes if n.op not in (KOp.INPUT, KOp.CONSTANT, KOp.IOTA))
+    block = sum(len(ops_of(n.arg)) if n.op is BOp.THREAD else 1
+                for bg, _ in graph.custom_ops() for n in bg.nodes
                 if n.op not in (BOp.INPUT, BOp.CONSTANT))
     return kernel + block

@@ -35,6 +35,16 @@ def view_tensors(ctx, inputs, make) -> list:
     return out
 
 
+def same_extents(a: tuple, b: tuple) -> bool:
+    """Shapes that differ at most in unit dims: one is a reshape of the other, not a copy."""
+    return tuple(d for d in a if d != 1) == tuple(d for d in b if d != 1)
+
+
+def as_shape(node: KNode, shape: tuple) -> KNode:
+    """`node` viewed with `shape` (a reshape view where the unit dims differ)."""
+    return node if node.shape == tuple(shape) else KNode(KOp.RESHAPE, (node,), tuple(shape))
+
+
 def resized_view(node: KNode, src: KNode) -> KNode:
     """A view rebuilt over a source of new extents: a reshape only adds or drops unit dims, so
     its non-unit dims take the source's, in order."""

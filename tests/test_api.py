@@ -38,7 +38,7 @@ def test_superoptimize_returns_a_fused_verified_kernel(kernel):
     assert kernel.report.verification.equivalent
     rng = np.random.default_rng(0)
     arrays = [(rng.standard_normal(a.shape) * 0.5).astype(np.float16) for a in ARGS]
-    got = kernel.run_reference(*arrays)[0]
+    got = kernel.run_reference(*arrays)
     want = np.asarray(gated(*[jnp.asarray(a, jnp.float32) for a in arrays]))
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
 
@@ -54,8 +54,8 @@ def test_kernel_has_tensor_core_cuda_and_a_picture(kernel, capsys):
 def test_kernel_runs_on_the_cpu_harness(kernel):
     rng = np.random.default_rng(1)
     arrays = [(rng.standard_normal(a.shape) * 0.5).astype(np.float16) for a in ARGS]
-    got = kernel.run_on_cpu(*arrays)[0].astype(np.float64)
-    want = kernel.run_reference(*arrays)[0]
+    got = kernel.run_on_cpu(*arrays).astype(np.float64)
+    want = kernel.run_reference(*arrays)
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
 
 
@@ -75,7 +75,7 @@ def test_jit_falls_back_to_jax_with_one_warning():
         warnings.simplefilter("always")
         a = fn(x, w, w)
         b = fn(x, w, w)
-    assert sum("no CUDA device" in str(c.message) for c in caught) == 1
+    assert sum("no GPU" in str(c.message) for c in caught) == 1
     np.testing.assert_allclose(np.asarray(a), np.asarray(gated(x, w, w)))
     np.testing.assert_allclose(np.asarray(b), np.asarray(a))
 

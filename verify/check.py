@@ -1,26 +1,46 @@
-"""The verifier's front door: `check` combines the exact finite-field tests, the float differential
-test and the formal proof into one report; `quick_equivalent` is the search's cheap yes/no.
+"""The verifier's front door: `check` runs the exact finite-field tests, the float differential
+test and the formal proof, and decides only on what they established; `quick_equivalent` is the
+search's cheap yes/no.
 
-By default a candidate is equivalent when the finite-field tests AND the float differential test
-pass. The formal proof (Z3 over abstract expressions) is run and recorded as proved / not proved,
-but does not veto: its abstraction is coarse (it misses valid tilings and algebra the tests
-accept), so "not proved" is information, not a counterexample. `require_proof=True` makes it veto.
+A candidate is EQUIVALENT when the finite-field tests pass with a bound at or below the target
+(default 2^-40; more tests are run until it is, up to a limit) and every float case passes; NOT
+EQUIVALENT when a float case shows outputs that differ; NOT ESTABLISHED otherwise (a bound above
+the target, or a finite-field difference no float case shows). The formal proof (Z3 over
+abstract expressions) is run and recorded as proved / not proved; it vetoes only with
+`require_proof=True`, since its abstraction misses valid tilings and algebra the tests accept.
 """
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass
 
 from mugraph.ir.errors import InvalidInput, MugraphError, VerificationError
 from mugraph.ir.graph import KernelGraph
-from mugraph.verify.finite_field import (TARGET_BOUND, FiniteFieldResult, finite_field_test)
+from mugraph.verify.finite_field import (MAX_TESTS, TARGET_BOUND, FiniteFieldResult,
+                                         finite_field_test)
 from mugraph.verify.float_diff import FloatResult, float_diff
+
+EQUIVALENT, NOT_EQUIVALENT, NOT_ESTABLISHED = "EQUIVALENT", "NOT EQUIVALENT", "NOT ESTABLISHED"
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """One method's outcome in the verdict line: passed, failed, not established, skipped,
+    proved or not proved, and why."""
+
+    name: str
+    status: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.status} ({self.why})"
 
 
 @dataclass(frozen=True)
 class VerificationReport:
-    """Everything `check` found: the verdict, the bound, and each method's own record."""
+    """Everything `check` found: the verdict, the bound, each method's line and record."""
 
     equivalent: bool
     error_bound: float                        # P(a non-equivalent pair passes the field tests)
@@ -31,10 +51,15 @@ class VerificationReport:
     seconds: float
     seed: int
     reason: str | None = None                 # why not equivalent
+    verdict: str = NOT_EQUIVALENT
+    methods: tuple = ()                       # MethodResult per method, in the verdict line
+    target: float = TARGET_BOUND
+
+    def verdict_line(self) -> str:
+        return f"{self.verdict}: " + "; ".join(str(m) for m in self.methods)
 
     def __str__(self) -> str:
-        verdict = "EQUIVALENT" if self.equivalent else "NOT EQUIVALENT"
-        lines = [f"{verdict} (seed {self.seed}, {self.seconds:.2f}s)"]
+        lines = [self.verdict_line(), f"  seed {self.seed}, {self.seconds:.2f}s"]
         if self.reason:
             lines.append(f"  reason: {self.reason}")
         if self.finite_field is not None:
@@ -45,8 +70,15 @@ class VerificationReport:
         if self.formal is not None:
             formal += f" ({self.formal.method}, {self.formal.seconds:.2f}s)"
         lines.append(f"  formal: {formal}")
-        lines.append(f"  error bound: {self.error_bound:.3g}")
+        lines.append(f"  error bound: {_power(self.error_bound)} (target {_power(self.target)})")
         return "\n".join(lines)
+
+
+def _power(bound: float) -> str:
+    if bound <= 0:
+        return "0"
+    exponent = math.log2(bound)
+    return f"2^{exponent:.0f}" if exponent == int(exponent) else f"2^{exponent:.1f}"
 
 
 def interface_mismatch(spec: KernelGraph, candidate: KernelGraph) -> str | None:
@@ -73,43 +105,112 @@ def interface_mismatch(spec: KernelGraph, candidate: KernelGraph) -> str | None:
 
 def check(spec: KernelGraph, candidate: KernelGraph, *, tests: int | None = None,
           seed: int | None = None, shapes: str = "given", formal: bool = True,
-          scale: float = 1.0, target: float = TARGET_BOUND, rlimit: int | None = None,
+          scale: float = 1.0, target: float = TARGET_BOUND, max_tests: int = MAX_TESTS,
+          sample_blocks: int | None = None, rlimit: int | None = None,
           require_proof: bool = False) -> VerificationReport:
     """Verify `candidate` against `spec`.
 
-    tests: finite-field tests (default: enough for a bound <= `target`, at least 3).
+    tests: finite-field tests (default: as many as the bound needs to reach `target`, at most
+    `max_tests`; with a count given, a bound above `target` is NOT ESTABLISHED).
     seed: makes the run reproducible (default: fresh, recorded in the report).
     shapes: "given" (the graphs' own shapes; the only mode: graphs carry concrete shapes).
     formal: also run the Z3 proof (recorded; it vetoes only with require_proof=True).
     scale: the float test's inputs are N(0, 1) · scale (keep exp-heavy programs finite).
+    sample_blocks: the finite-field tests compare that many random 64×64 tiles of every output
+    per test instead of every element (`verify/sampling.py`); the verdict line says so, and the
+    bound covers the compared elements only.
     """
     start = time.perf_counter()
-    if shapes != "given":
-        raise InvalidInput(f"check(shapes={shapes!r}) is not supported",
-                           hint='graphs carry concrete shapes; use shapes="given" and build the '
-                                'graphs at the shapes to test (e.g. Workload.small())')
+    _check_arguments(shapes, target)
     seed = secrets.randbits(63) if seed is None else seed
-    if not isinstance(seed, int) or seed < 0:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise InvalidInput(f"seed={seed!r} is not a non-negative int",
                            hint="pass None for a fresh seed (it is recorded in the report)")
     mismatch = interface_mismatch(spec, candidate)
     if mismatch is not None:
+        methods = tuple(MethodResult(n, "skipped", "the interfaces differ") for n in METHODS)
         return VerificationReport(False, 1.0, None, None, None, "skipped",
-                                  time.perf_counter() - start, seed, mismatch)
-    ff, ff_error = _finite_field(spec, candidate, tests, seed, target)
+                                  time.perf_counter() - start, seed, mismatch, NOT_EQUIVALENT,
+                                  methods, target)
+    ff, ff_error = _finite_field(spec, candidate, tests, seed, target, max_tests, sample_blocks)
     fl = float_diff(spec, candidate, seed=seed, scale=scale)
     proof, status = _formal(spec, candidate, rlimit) if formal else (None, "skipped")
-    reason = _reason(ff, ff_error, fl, status, require_proof)
-    bound = ff.error_bound if ff is not None else 1.0
-    return VerificationReport(reason is None, bound, ff, fl, proof, status,
-                              time.perf_counter() - start, seed, reason)
+    methods = (_ff_method(ff, ff_error),) + _float_methods(fl) + (_formal_method(proof, status),)
+    verdict, reason = _decide(methods, require_proof, fl)
+    bound = ff.error_bound if ff is not None and ff.passed else 1.0
+    return VerificationReport(verdict == EQUIVALENT, bound, ff, fl, proof, status,
+                              time.perf_counter() - start, seed, reason, verdict, methods, target)
 
 
-def _finite_field(spec, candidate, tests, seed, target):
+METHODS = ("finite field", "float64", "own precision", "special values", "formal")
+
+
+
+def _check_arguments(shapes: str, target: float) -> None:
+    if shapes != "given":
+        raise InvalidInput(f"check(shapes={shapes!r}) is not supported",
+                           hint='graphs carry concrete shapes; use shapes="given" and build the '
+                                'graphs at the shapes to test (e.g. Workload.small())')
+    if not isinstance(target, float) or not 0 < target < 1:
+        raise InvalidInput(f"target={target!r} is not a probability in (0, 1)",
+                           hint="the bound to reach, e.g. 2.0 ** -40")
+
+
+def _finite_field(spec, candidate, tests, seed, target, max_tests, sample_blocks=None):
     try:
-        return finite_field_test(spec, candidate, tests=tests, seed=seed, target=target), None
+        return finite_field_test(spec, candidate, tests=tests, seed=seed, target=target,
+                                 max_tests=max_tests, sample_blocks=sample_blocks), None
     except VerificationError as e:
         return None, str(e)
+
+
+def _ff_method(ff: FiniteFieldResult | None, error: str | None) -> MethodResult:
+    name = "finite field"
+    if ff is None:
+        return MethodResult(name, "skipped", f"could not run: {error}")
+    if not ff.passed:
+        return MethodResult(name, "failed", ff.failure)
+    bound = f"bound {_power(ff.error_bound)} over {ff.tests} tests, target {_power(ff.target)}"
+    if ff.sampled:
+        bound += f"; on {ff.sampled}"
+    if not ff.established:
+        return MethodResult(name, "not established", f"{bound}; {ff.why_weak()}")
+    return MethodResult(name, "passed", bound)
+
+
+def _float_methods(fl: FloatResult) -> tuple:
+    """float64 and own precision on random inputs; the special-value cases where the float test
+    has them."""
+    cases = getattr(fl, "cases", None)
+    random_modes = [m for m in fl.modes if getattr(m, "case", "random") == "random"]
+    lines = tuple(_mode_method(label, [m for m in random_modes if m.mode == mode], fl)
+                  for label, mode in (("float64", "float64"), ("own precision", "own")))
+    if cases is None:
+        return lines + (MethodResult("special values", "skipped",
+                                     "this float test has no special-value cases"),)
+    special = [c for c in cases if c.case != "random"]
+    ran = [c for c in special if not c.skipped]
+    failed = [c.case for c in ran if not c.passed]
+    if not ran:
+        return lines + (MethodResult("special values", "skipped", "no case applies"),)
+    names = ", ".join(c.case for c in ran)
+    if failed:
+        return lines + (MethodResult("special values", "failed",
+                                     f"{', '.join(failed)} of {names}"),)
+    return lines + (MethodResult("special values", "passed", names),)
+
+
+def _mode_method(label: str, modes: list, fl: FloatResult) -> MethodResult:
+    if not modes:
+        return MethodResult(label, "skipped", "not run")
+    worst = modes[0]
+    against = f" against {getattr(fl, 'reference', 'spec')}" if worst.mode == "own" else ""
+    if worst.worst is None:
+        return MethodResult(label, "passed" if worst.passed else "failed", "no outputs")
+    w = worst.worst
+    tolerance = worst.tolerances[w.output]
+    detail = w.message or f"relative error {w.error:.2g}, tolerance {tolerance:g}{against}"
+    return MethodResult(label, "passed" if worst.passed else "failed", detail)
 
 
 def _formal(spec, candidate, rlimit):
@@ -124,22 +225,48 @@ def _formal(spec, candidate, rlimit):
     return result, "proved" if result.proved else "not proved"
 
 
-def _reason(ff, ff_error, fl, status, require_proof) -> str | None:
-    if ff is None:
-        return f"finite-field test could not run: {ff_error}"
-    if not ff.passed:
-        return f"finite-field test failed: {ff.failure}"
+def _formal_method(proof, status: str) -> MethodResult:
+    if proof is None:
+        why = "not asked for" if status == "skipped" else status
+        return MethodResult("formal", "skipped", why)
+    detail = getattr(proof, "detail", "") or ""
+    why = proof.method if proof.proved or not detail else f"{proof.method}: {detail}"
+    return MethodResult("formal", status, why)
+
+
+def _decide(methods, require_proof: bool, fl) -> tuple[str, str | None]:
+    """The verdict from the method lines. NOT EQUIVALENT needs a concrete input on which the
+    outputs differ: a failed float case. A finite-field difference alone is NOT ESTABLISHED: the
+    programs differ algebraically, or the candidate relies on a law the test does not keep (an
+    uninterpreted op has none: sigmoid(x) is not 1/(1 + exp(-x)) there). So is a bound above the
+    target, or a proof that was required and not found."""
+    by_name = {m.name: m for m in methods}
+    field = by_name["finite field"]
+    reasons = []
+    if field.status == "skipped":
+        reasons.append(f"finite-field test {field.why}")
+    elif field.status == "failed":
+        reasons.append(f"finite-field test failed: {field.why}")
     if not fl.passed:
-        failed = [m for m in fl.modes if not m.passed]
-        return "float differential test failed: " + "; ".join(str(m) for m in failed)
-    if require_proof and status != "proved":
-        return f"formal proof required, status: {status}"
-    return None
+        reasons.append("float differential test failed: "
+                       + "; ".join(str(m) for m in fl.modes if not m.passed))
+        return NOT_EQUIVALENT, "; ".join(reasons)
+    if reasons:
+        return NOT_ESTABLISHED, "; ".join(reasons) + (
+            " (no float case differs: the programs differ algebraically, or the candidate relies "
+            "on a law the finite-field test does not keep)")
+    if field.status != "passed":
+        return NOT_ESTABLISHED, f"finite-field bound not established: {field.why}"
+    formal = by_name["formal"]
+    if require_proof and formal.status != "proved":
+        return NOT_ESTABLISHED, f"formal proof required, status: {formal.status}"
+    return EQUIVALENT, None
 
 
 def quick_equivalent(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 1,
                      seed: int = 0) -> bool:
-    """Finite-field tests only (the spec's outputs are cached per seed): the search's filter.
+    """`tests` finite-field tests only (the spec's outputs are cached per seed): the search's
+    filter, not a verdict (it claims no bound; `check` establishes one).
 
     A draw that hits a zero divisor is redrawn; a candidate that cannot be tested is rejected.
     """

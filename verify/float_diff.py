@@ -23,20 +23,13 @@ compared either, and are counted apart (`spec_lost`): the front end elides float
 spec lifted from fp16 JAX code stores in fp16 what JAX computed in fp32 (x*x before a mean), and
 the IR has no cast op to do otherwise; a candidate is held to what its spec can hold.
 
-Cases (`CASES`), each meaningful for the program at hand (`special_inputs`):
-* random: N(0, 1) · scale, the scale halved until the reference is finite;
-* nan / inf: the random inputs with NaN (resp. +inf and −inf) at two positions of every input;
-* mask: −inf in a quarter of the elements of every input that reaches exp or max without a
-  matmul or sum between (a softmax operand, an attention mask), plus one whole masked row
-  along the dim its reduction runs over; skipped when no input reaches exp or max so;
-* large: positive values sized by the first reduction each input reaches (`large_value`): a sum
-  or norm of K of them overflows the dtype by about 2× (min(max/2, 2·max/K)), a matmul over K
-  comes to about max/2 (sqrt(max/2K)), and with no reduction they are max/2 — where a 16-bit
-  intermediate or accumulator would overflow and fp32 accumulation, as XLA does, does not;
-* denormal: N(0, 1) scaled into the dtype's subnormal range.
+Cases (`CASES`): random inputs, N(0, 1) · scale with the scale halved until the reference is
+finite, then the special-value cases of `special_values` (NaN, ±inf, softmax masks, large values,
+denormals), each placed where it means something for the program at hand.
 """
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -47,19 +40,16 @@ from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
-from mugraph.ir.ops import KERNEL_LAYOUT, KOp, TOp
 from mugraph.ir.origin import jax_origin
 from mugraph.verify.finite_field import single_threaded_blas
+from mugraph.verify.special_values import CASES, finfo, special_inputs
 
 OWN_TOLERANCE = {DType.FLOAT32: 1e-4, DType.FLOAT16: 1e-2, DType.BFLOAT16: 1e-2}
 FLOAT64_TOLERANCE = 1e-9
 TINY = 1e-30
 MODES = ("float64", "own")
-CASES = ("random", "nan", "inf", "mask", "large", "denormal")
 RANGE_CASES = frozenset({"large"})     # where the reference's own overflow is not compared
 SCALE_TRIES = 8
-MASK_SHARE = 0.25
-SPECIALS_PER_INPUT = 2
 
 
 @dataclass(frozen=True)
@@ -195,143 +185,6 @@ def random_inputs(graph: KernelGraph, *, seed: int = 0,
             .astype(np.float64) for node in graph.inputs}
 
 
-def _consumers(graph: KernelGraph) -> dict:
-    users: dict = {}
-    for node in graph.nodes:
-        for s in node.srcs:
-            users.setdefault(s, []).append(node)
-    return users
-
-
-_PASS_THROUGH = frozenset(TOp) | KERNEL_LAYOUT   # what a mask or a large value flows through unchanged in kind
-
-
-def softmax_reach(graph: KernelGraph, node) -> int | None:
-    """For an input that reaches exp or max through elementwise and layout ops only: the dim (of
-    the input) a reduction of that path runs over (the last dim if none lines up); else None."""
-    users, frontier, seen, found = _consumers(graph), [node], {node}, None
-    while frontier:
-        n = frontier.pop()
-        for u in users.get(n, ()):
-            if u.op in (TOp.EXP, KOp.REDUCE_MAX, TOp.MAX):
-                found = -1 if found is None else found
-                if u.op is KOp.REDUCE_MAX and u.srcs[0].shape == node.shape:
-                    return u.arg
-            if u.op in _PASS_THROUGH and u not in seen:
-                seen.add(u)
-                frontier.append(u)
-    return None if found is None else node.rank - 1
-
-
-_REDUCTIONS = {KOp.REDUCE_SUM: lambda n: n.srcs[0].shape[n.arg],
-               KOp.RMS_NORM: lambda n: n.shape[n.arg[0]],
-               KOp.MATMUL: lambda n: n.srcs[0].shape[-1]}
-
-
-def first_reduction(graph: KernelGraph, node) -> tuple[KOp | None, int]:
-    """The first sum, norm or matmul `node` reaches and how many elements it adds up (None, 1:
-    none)."""
-    users, frontier, seen = _consumers(graph), [node], {node}
-    while frontier:
-        n = frontier.pop(0)
-        for u in users.get(n, ()):
-            if u.op in _REDUCTIONS:
-                return u.op, _REDUCTIONS[u.op](u)
-            if u.op in _PASS_THROUGH | {KOp.REDUCE_MAX, KOp.CONCAT} and u not in seen:
-                seen.add(u)
-                frontier.append(u)
-    return None, 1
-
-
-def large_value(graph: KernelGraph, node) -> tuple[float, str]:
-    """The magnitude of `node`'s values in the `large` case, and why: a sum or norm of K of them
-    overflows the dtype by 2x; a matmul over K of two of them comes to half the largest value;
-    with no reduction, half the largest value itself."""
-    top = float(_finfo(node.dtype).max)
-    op, k = first_reduction(graph, node)
-    if op is KOp.MATMUL:
-        return (top / (2 * k)) ** 0.5, f"a matmul over {k} reaches max/2"
-    if op is None:
-        return top / 2, "max/2"
-    return min(top / 2, 2 * top / k), f"a sum of {k} reaches 2 max"
-
-
-def _rng(seed: int, case: str):
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11, CASES.index(case))))
-
-
-def _finfo(dtype: DType):
-    return np.finfo(dtype.numpy)
-
-
-def _with_specials(base, graph, rng, values) -> dict:
-    out = {}
-    for node in graph.inputs:
-        a = base[node.arg[0]].copy()
-        flat = a.reshape(-1)
-        where = rng.choice(flat.size, size=min(len(values), flat.size), replace=False)
-        flat[where] = values[:len(where)]
-        out[node.arg[0]] = a
-    return out
-
-
-def _masked(base, graph, rng) -> tuple[dict | None, str]:
-    out, masked = dict(base), []
-    for node in graph.inputs:
-        dim = softmax_reach(graph, node)
-        if dim is None:
-            continue
-        a = base[node.arg[0]].copy()
-        a[rng.random(a.shape) < MASK_SHARE] = -np.inf
-        row = [int(rng.integers(n)) for n in a.shape]
-        row[dim] = slice(None)
-        a[tuple(row)] = -np.inf
-        out[node.arg[0]] = a
-        masked.append(f"{node.arg[0]} (a row along dim {dim})")
-    if not masked:
-        return None, "no input reaches exp or max without a matmul or sum in between"
-    return out, f"-inf in {MASK_SHARE:.0%} of " + ", ".join(masked)
-
-
-def _large(graph, rng) -> tuple[dict, str]:
-    out, parts = {}, []
-    for node in graph.inputs:
-        m, why = large_value(graph, node)
-        a = m * (0.75 + 0.5 * rng.random(node.shape))
-        out[node.arg[0]] = a.astype(node.dtype.numpy).astype(np.float64)
-        parts.append(f"{node.arg[0]} ~{m:.3g} ({why})")
-    return out, "positive values near overflow: " + ", ".join(parts)
-
-
-def _denormal(graph, rng) -> tuple[dict, str]:
-    out = {}
-    for node in graph.inputs:
-        tiny = float(_finfo(node.dtype).smallest_normal) / 4
-        a = rng.standard_normal(node.shape) * tiny
-        out[node.arg[0]] = a.astype(node.dtype.numpy).astype(np.float64)
-    return out, "N(0, 1) scaled into the subnormal range"
-
-
-def special_inputs(graph: KernelGraph, case: str, base: dict, seed: int) -> tuple[dict | None, str]:
-    """The inputs of one case (None: the case does not apply to this program) and a description."""
-    rng = _rng(seed, case)
-    if case == "random":
-        return base, "N(0, 1) · scale"
-    if case == "nan":
-        return _with_specials(base, graph, rng, [np.nan] * SPECIALS_PER_INPUT), \
-            f"NaN at {SPECIALS_PER_INPUT} positions of every input"
-    if case == "inf":
-        return _with_specials(base, graph, rng, [np.inf, -np.inf]), \
-            "+inf and -inf at one position each of every input"
-    if case == "mask":
-        return _masked(base, graph, rng)
-    if case == "large":
-        return _large(graph, rng)
-    if case == "denormal":
-        return _denormal(graph, rng)
-    raise InvalidInput(f"float_diff case {case!r}", hint=f"use some of {CASES}")
-
-
 # ---- comparison -----------------------------------------------------------------------------------
 def compare(expected, got, output: int = 0, skip=None, floor: float = TINY) -> Difference:
     """The relative error of `got` against `expected`; a non-finite mismatch is error = inf.
@@ -398,17 +251,17 @@ def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:
     arrays = [np.asarray(inputs[n.arg[0]], n.dtype.numpy) for n in spec.inputs]
     with np.errstate(all="ignore"):
         outs = origin.run(arrays)
-    return [np.asarray(o, np.float64).reshape(node.shape) if np.size(o) == np.prod(node.shape)
+    if len(outs) != len(spec.outputs):
+        return [np.asarray(o, np.float64) for o in outs]
+    return [np.asarray(o, np.float64).reshape(node.shape) if np.size(o) == math.prod(node.shape)
             else np.asarray(o, np.float64) for o, node in zip(outs, spec.outputs)]
 
 
 def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
     """The reference outputs of one case (see the module docstring for what is not compared)."""
     f64 = _run(spec, inputs, "float64")
-    origin = jax_origin(spec)
     spec_own = _run(spec, inputs, "own")
-    run, name = ((_jax_outputs(spec, origin, inputs), "jax.jit(fn)") if origin is not None
-                 else (spec_own, "spec"))
+    run, name = _own_run(spec, inputs, spec_own)
     expected, skip, lost = [], [], 0
     for node, e, r, o in zip(spec.outputs, f64, run, spec_own):
         want, held = _own_expected(node, e, r, case)
@@ -416,16 +269,33 @@ def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
         lost += int(np.sum(held & ~spec_held))
         expected.append(want)
         skip.append(~(held & spec_held))
-    disagreement = _disagreement(spec, f64, run) if origin is not None and case == "random" \
+    disagreement = _disagreement(spec, f64, run) if run is not spec_own and case == "random" \
         else None
     return Reference(f64, expected, skip, name, run, lost, disagreement)
+
+
+def _own_run(spec: KernelGraph, inputs, spec_own) -> tuple[list, str]:
+    """jax.jit(fn)'s outputs when the spec came from JAX, else the spec's own run; when jax.jit
+    cannot run, the spec's own run under a name that says so."""
+    origin = jax_origin(spec)
+    if origin is None:
+        return spec_own, "spec"
+    try:
+        outs = _jax_outputs(spec, origin, inputs)
+    except Exception as e:  # the user's function: report, do not crash the check
+        return spec_own, f"spec (jax.jit(fn) failed: {type(e).__name__}: {e})"
+    if len(outs) != len(spec.outputs) or any(np.shape(o) != n.shape
+                                             for o, n in zip(outs, spec.outputs)):
+        shapes = [tuple(np.shape(o)) for o in outs]
+        return spec_own, f"spec (jax.jit(fn) returns shapes {shapes}, not the graph's outputs)"
+    return outs, "jax.jit(fn)"
 
 
 def _disagreement(spec, f64, run) -> Difference | None:
     """Where jax.jit(fn) and the float64 spec differ beyond the output's tolerance on random
     inputs: the spec is not the program jax.jit runs (a lifting error), so nothing is verified."""
     for i, (node, e, r) in enumerate(zip(spec.outputs, f64, run)):
-        d = compare(e, r, i, floor=float(_finfo(node.dtype).smallest_normal))
+        d = compare(e, r, i, floor=float(finfo(node.dtype).smallest_normal))
         if d.error > OWN_TOLERANCE[node.dtype]:
             return Difference(np.inf, i, None, d.spec_value, d.candidate_value,
                               f"jax.jit(fn) gives {d.candidate_value!r} at output {i} {d.index} where "
@@ -451,7 +321,7 @@ def _own_expected(node, f64, run, case: str):
     range_case = case in RANGE_CASES
     finite = np.isfinite(f64) & np.isfinite(run)
     scale = max(float(np.max(np.abs(f64[finite]), initial=0.0)),
-                float(_finfo(node.dtype).smallest_normal))
+                float(finfo(node.dtype).smallest_normal))
     with np.errstate(invalid="ignore"):
         right = finite & (np.abs(np.where(finite, run - f64, 0.0)) <= OWN_TOLERANCE[node.dtype] * scale)
     special = ~np.isfinite(run) & ((run == f64) | (np.isnan(run) & np.isnan(f64)))
@@ -471,7 +341,7 @@ def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
         expected, skip, name = ref.own, ref.own_skip, ref.own_name
     tolerances = tuple(FLOAT64_TOLERANCE if mode == "float64" else OWN_TOLERANCE[o.dtype]
                        for o in candidate.outputs)
-    floors = [TINY if mode == "float64" else float(_finfo(o.dtype).smallest_normal)
+    floors = [TINY if mode == "float64" else float(finfo(o.dtype).smallest_normal)
               for o in candidate.outputs]
     diffs = [compare(e, g, i, s, f) for i, (e, g, s, f) in enumerate(zip(expected, got, skip, floors))]
     if mode == "own" and ref.disagreement is not None:
@@ -507,7 +377,7 @@ def cached_reference(spec: KernelGraph, inputs, case: str, key: tuple) -> Refere
     """`reference`, remembered per spec (the search and the mutation tests check many candidates
     against one spec); `key` with `case` determines `inputs` (seed and scale)."""
     table = _REFERENCES.setdefault(spec, {})
-    full = (case, *key, id(jax_origin(spec)))
+    full = (case, *key, jax_origin(spec))
     if full not in table:
         if len(table) >= CACHED_PER_SPEC:
             table.pop(next(iter(table)))

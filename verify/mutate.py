@@ -1,12 +1,19 @@
-"""Mutation testing of the verifier: valid, non-equivalent one-change variants of a graph (schedule
-maps, accumulators, operands, ops, constants) that `check` must reject.
+"""Mutation testing of the verifier: valid one-change variants of a graph (schedule maps,
+accumulators, operands, ops, constants), classified by an oracle that shares nothing with the
+methods under test, and each method's kill rate on the ones the oracle separates.
 
-Mutants are rebuilt through the node constructors, so the IR's own checks decide validity;
-mutants that float64 evaluation cannot tell from the original are discarded and counted.
+Mutants are rebuilt through the node constructors, so the IR's own checks decide validity. The
+oracle runs both graphs in float64 on its own inputs: two draws from a seed stream no method
+uses, uniform rather than normal, at two scales (the workload's and a third of it). A mutant is
+separated when both draws differ beyond 1e-6 of the output's scale, equivalent when both agree to
+1e-9, and undecided otherwise (discarded and counted). Kill rates are then measured per method
+alone — the finite-field test, float64, own precision, special values, the formal proof — and
+for `check` as a whole; a method is never graded on the data that selected the mutants.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import random
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
@@ -19,10 +26,7 @@ from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
 from mugraph.ir.node import BNode, KNode, toposort
 from mugraph.ir.ops import BINARY, BOp, KOp, TOp, UNARY
-from mugraph.verify.finite_field import single_threaded_blas
-from mugraph.verify.float_diff import compare, random_inputs
-
-EQUIVALENT_TOLERANCE = 1e-10   # float64 relative error below which a mutant counts as equivalent
+from mugraph.verify.field import single_threaded_blas
 
 
 @dataclass(frozen=True)
@@ -30,16 +34,18 @@ class Mutant:
     description: str
     graph: KernelGraph
     kind: str = ""
+    gap: float | None = None   # the oracle's smaller relative difference over its two draws
 
 
 @dataclass(frozen=True)
 class MutantSet:
-    """Valid, non-equivalent mutants, and how many candidates were discarded and why."""
+    """Valid mutants the oracle separates, and how many candidates were discarded and why."""
 
     mutants: tuple[Mutant, ...]
     invalid: int        # construction raised ShapeError / InvalidGraph
-    equivalent: int     # float64 says they compute the original's function
+    equivalent: int     # the oracle says they compute the original's function
     duplicates: int     # the same graph reached by two mutations
+    undecided: int = 0  # the oracle could not tell (non-finite, or only one draw differs)
 
     def kinds(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -340,55 +346,150 @@ def _kernel_edits(graph: KernelGraph) -> Iterator[Edit]:
                 yield kind, desc, lambda make=make, node=node: rewrite(graph, {node: make()})
 
 
-# ---- generation and the equivalence filter -------------------------------------------------------
+# ---- the oracle --------------------------------------------------------------------------------
+SEPARATED, EQUIVALENT, UNDECIDED = "separated", "equivalent", "undecided"
+SEPARATED_GAP = 1e-6          # relative to the output's scale, at both draws
+EQUIVALENT_GAP = 1e-9
+ORACLE_STREAM = 0x0AC1E       # a SeedSequence spawn key no verification method uses
+
+
+def oracle_inputs(graph: KernelGraph, seed: int, draw: int, scale: float) -> dict:
+    """The oracle's inputs: uniform on ±2·scale (a third of it at the second draw), rounded to
+    each input's dtype, from a seed stream of its own."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(ORACLE_STREAM, draw)))
+    size = scale * (2.0 if draw == 0 else 2.0 / 3.0)
+    return {n.arg[0]: rng.uniform(-size, size, n.shape).astype(n.dtype.numpy).astype(np.float64)
+            for n in graph.inputs}
+
+
+def _outputs(graph: KernelGraph, inputs) -> list[np.ndarray]:
+    with single_threaded_blas(), np.errstate(all="ignore"):
+        return interpret(graph, inputs, dtype="float64")
+
+
+def _gap(expected, got) -> float | None:
+    """The largest relative difference over elements finite in both (None: none are)."""
+    gaps = []
+    for e, g in zip(expected, got):
+        e, g = np.broadcast_arrays(np.asarray(e, np.float64), np.asarray(g, np.float64))
+        finite = np.isfinite(e) & np.isfinite(g)
+        if finite.any():
+            scale = max(float(np.max(np.abs(e[finite]))), 1e-30)
+            gaps.append(float(np.max(np.abs(e[finite] - g[finite]))) / scale)
+        if (np.isfinite(e) != np.isfinite(g)).any():
+            gaps.append(np.inf)
+    return max(gaps) if gaps else None
+
+
+class Oracle:
+    """Decides a mutant against the original by float64 runs on the oracle's own inputs."""
+
+    def __init__(self, original: KernelGraph, seed: int, scale: float):
+        self.original = original
+        self.draws = [oracle_inputs(original, seed, d, scale) for d in range(2)]
+        self.expected = [_outputs(original, inputs) for inputs in self.draws]
+
+    def classify(self, mutant: KernelGraph) -> tuple[str, float | None]:
+        gaps = [_gap(e, _outputs(mutant, inputs)) for e, inputs in zip(self.expected, self.draws)]
+        if any(g is None for g in gaps):
+            return UNDECIDED, None
+        if all(g > SEPARATED_GAP for g in gaps):
+            return SEPARATED, min(gaps)
+        if all(g <= EQUIVALENT_GAP for g in gaps):
+            return EQUIVALENT, max(gaps)
+        return UNDECIDED, max(gaps)
+
+
+# ---- generation and classification --------------------------------------------------------------
 def generate_mutants(graph: KernelGraph, *, seed: int = 0, limit: int | None = None,
                      scale: float = 1.0) -> MutantSet:
-    """Valid mutants of `graph` that float64 evaluation tells apart from it, in a seeded order."""
+    """Valid mutants of `graph` in a seeded order, classified by the oracle; `.mutants` holds the
+    separated ones (at most `limit`), the counts say what was discarded and why."""
     edits = list(_kernel_edits(graph))
     random.Random(seed).shuffle(edits)
-    reference = [_outputs(graph, s, scale) for s in (seed, seed + 1)]
+    oracle = Oracle(graph, seed, scale)
     found, seen = [], {graph}
-    invalid = equivalent = duplicates = 0
+    counts = {"invalid": 0, EQUIVALENT: 0, UNDECIDED: 0, "duplicates": 0}
     for kind, desc, make in edits:
         if limit is not None and len(found) >= limit:
             break
         try:
             mutant = make()
         except InvalidGraph:
-            invalid += 1
+            counts["invalid"] += 1
             continue
         if _interface(mutant) != _interface(graph):  # check() rejects those before testing
-            invalid += 1
+            counts["invalid"] += 1
             continue
         if mutant in seen:
-            duplicates += 1
+            counts["duplicates"] += 1
             continue
         seen.add(mutant)
-        if _equivalent(reference, mutant, seed, scale):
-            equivalent += 1
+        verdict, gap = oracle.classify(mutant)
+        if verdict != SEPARATED:
+            counts[verdict] += 1
             continue
-        found.append(Mutant(desc, mutant, kind))
-    return MutantSet(tuple(found), invalid, equivalent, duplicates)
+        found.append(Mutant(desc, mutant, kind, gap))
+    return MutantSet(tuple(found), counts["invalid"], counts[EQUIVALENT], counts["duplicates"],
+                     counts[UNDECIDED])
 
 
 def mutants(graph: KernelGraph, *, seed: int = 0, limit: int | None = None,
             scale: float = 1.0) -> list[Mutant]:
-    """The valid, non-equivalent mutants of `graph` (see `generate_mutants` for the counts)."""
+    """The valid mutants the oracle separates from `graph` (see `generate_mutants`)."""
     return list(generate_mutants(graph, seed=seed, limit=limit, scale=scale).mutants)
-
-
-def _outputs(graph: KernelGraph, seed: int, scale: float) -> list[np.ndarray]:
-    with single_threaded_blas(), np.errstate(all="ignore"):
-        return interpret(graph, random_inputs(graph, seed=seed, scale=scale), dtype="float64")
 
 
 def _interface(graph: KernelGraph) -> list:
     return [(o.shape, o.dtype) for o in graph.outputs]
 
 
-def _equivalent(reference, mutant: KernelGraph, seed: int, scale: float) -> bool:
-    for s, expected in zip((seed, seed + 1), reference):
-        got = _outputs(mutant, s, scale)
-        if any(compare(e, g).error > EQUIVALENT_TOLERANCE for e, g in zip(expected, got)):
-            return False
-    return True
+# ---- kill rates ------------------------------------------------------------------------------------
+KILLING = {"finite field": "failed", "float64": "failed", "own precision": "failed",
+           "special values": "failed", "formal": "not proved"}
+
+
+@dataclass(frozen=True)
+class KillRates:
+    """Per method: the separated mutants it rejected alone, and the survivors' descriptions."""
+
+    total: int
+    killed: dict                # method -> count ("check" is the whole verifier)
+    survivors: dict             # method -> tuple of descriptions
+
+    def rate(self, method: str) -> float:
+        return self.killed[method] / self.total if self.total else 1.0
+
+    def line(self, method: str) -> str:
+        return f"{method}: {self.killed[method]}/{self.total} ({100 * self.rate(method):.0f}%)"
+
+
+def kill_rates(original: KernelGraph, found, *, seed: int = 0, scale: float = 1.0,
+               formal: bool = True) -> KillRates:
+    """Each method alone on every mutant (the float test runs every case, not stopping at the
+    first failure), and `check`'s verdict from those same results. The formal proof "kills" a
+    mutant when it does not prove it: a proof of a separated mutant would be unsound."""
+    methods = list(KILLING) + ["check"]
+    survivors: dict = {m: [] for m in methods}
+    for m in found:
+        for method, status in method_statuses(original, m.graph, seed, scale, formal).items():
+            killed = status == "killed" if method == "check" else status == KILLING[method]
+            if not killed:
+                survivors[method].append(m.description)
+    total = len(found)
+    return KillRates(total, {k: total - len(v) for k, v in survivors.items()},
+                     {k: tuple(v) for k, v in survivors.items()})
+
+
+def method_statuses(original: KernelGraph, mutant: KernelGraph, seed: int, scale: float,
+                    formal: bool) -> dict:
+    """Every method's status on one mutant, each run alone, and check's verdict from them."""
+    c = importlib.import_module("mugraph.verify.check")   # the module; the package exports the function
+    from mugraph.verify.float_diff import float_diff
+    ff, error = c._finite_field(original, mutant, None, seed, c.TARGET_BOUND, c.MAX_TESTS)
+    fl = float_diff(original, mutant, seed=seed, scale=scale, stop_at_failure=False)
+    proof, status = c._formal(original, mutant, None) if formal else (None, "skipped")
+    methods = (c._ff_method(ff, error),) + c._float_methods(fl) + (c._formal_method(proof, status),)
+    verdict, _ = c._decide(methods, False, fl)
+    return {r.name: r.status for r in methods} | {"check": "survived" if verdict == c.EQUIVALENT
+                                                  else "killed"}

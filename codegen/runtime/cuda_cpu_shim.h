@@ -51,6 +51,8 @@ enum Fault : int32_t {
   kBadLaunch = 5,
   kStackOverflow = 6,
   kBadArgument = 7,
+  kRace = 8,                // check builds: two threads touch a shared byte between the same barriers
+  kGlobalOutOfBounds = 9,   // check builds: an access outside every buffer passed to the launch
 };
 enum Schedule : int32_t { kRoundRobin = 0, kReverse = 1, kRandom = 2, kWarpGreedy = 3 };
 // When a committed cp.async group lands in shared memory: at the wait_group that requires it (exposes missing
@@ -69,6 +71,10 @@ struct LaunchConfig {
   int32_t workers;
   int32_t fault;      // out: a Fault
   char message[2048]; // out: what went wrong and where
+  const uint64_t* blocks;  // linear block ids to run (x fastest), or null for the whole grid
+  uint64_t nblocks;        // how many ids `blocks` holds
+  const uint64_t* ranges;  // check builds: [lo, hi) byte ranges of the global buffers the kernel may touch
+  uint64_t nranges;        // how many ranges (pairs) `ranges` holds
 };
 
 constexpr uint64_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in maximum per block
@@ -182,6 +188,15 @@ struct Block {
   Launch* launch = nullptr;
   std::mt19937_64 rng;
   Landing landing = kLandAtWait;
+  struct Shadow* shadow = nullptr;  // check builds: one record per byte of dynamic shared memory
+};
+
+// Check builds: who last wrote and read each shared byte, and in which barrier interval (epoch = the block's
+// barrier generation + 1, so 0 means never); a cp.async in flight marks its bytes pending until it lands.
+struct Shadow {
+  uint32_t write_epoch = 0, read_epoch = 0;
+  int16_t writer = -1, reader = -1, pending = -1;
+  bool readers = false;  // more than one thread read it in read_epoch
 };
 
 inline thread_local Thread* t_current = nullptr;
@@ -238,6 +253,98 @@ inline void check_smem(const void* p, size_t bytes, const char* op) {
          op, (long long)off, (long long)(off + (intptr_t)bytes), (long long)size);
 }
 
+// ---- check builds: shared-memory races and global bounds ---------------------------------------------------------
+inline bool in_smem(const void* p) {
+  const Block& b = *self().block;
+  return (uintptr_t)p >= (uintptr_t)b.smem && (uintptr_t)p < (uintptr_t)b.smem + b.smem_bytes;
+}
+
+[[noreturn]] inline void race(const char* what, size_t byte, int other, const char* op) {
+  fail(kRace, "%s: shared-memory byte %zu %s thread %d between the same barriers (a missing __syncthreads or "
+       "cp.async wait)", op, byte, what, other);
+}
+
+// A thread reads or writes `bytes` bytes of dynamic shared memory at `p` (pending: a cp.async issued, landing later).
+inline void shared_access(const void* p, size_t bytes, bool write, const char* op) {
+  Thread& t = self();
+  Block& b = *t.block;
+  if (!b.shadow) return;
+  const uint32_t epoch = b.gen + 1;
+  const int16_t me = (int16_t)t.linear;
+  const size_t first = (uintptr_t)p - (uintptr_t)b.smem;
+  for (size_t i = first; i < first + bytes && i < b.smem_bytes; ++i) {
+    Shadow& s = b.shadow[i];
+    if (s.pending >= 0 && (s.pending != me || !write)) race("has a cp.async in flight from", i, s.pending, op);
+    if (s.write_epoch == epoch && s.writer != me) race(write ? "was written by" : "is read after a write by", i,
+                                                       s.writer, op);
+    if (write) {
+      if (s.read_epoch == epoch && (s.readers || s.reader != me)) race("is written after a read by", i, s.reader, op);
+      s.write_epoch = epoch;
+      s.writer = me;
+    } else if (s.read_epoch == epoch && s.reader != me) {
+      s.readers = true;
+    } else if (s.read_epoch != epoch) {
+      s.read_epoch = epoch;
+      s.reader = me;
+      s.readers = false;
+    }
+  }
+}
+
+inline void shared_pending(const void* p, size_t bytes, bool issued) {
+  Thread& t = self();
+  Block& b = *t.block;
+  if (!b.shadow) return;
+  const size_t first = (uintptr_t)p - (uintptr_t)b.smem;
+  for (size_t i = first; i < first + bytes && i < b.smem_bytes; ++i) b.shadow[i].pending = issued ? (int16_t)t.linear : -1;
+}
+
+// Global memory: an access must lie inside one of the launch's buffers (check builds pass their ranges).
+inline void global_access(const void* p, size_t bytes, const char* op) {
+  const LaunchConfig& c = *self().block->launch->cfg;
+  if (!c.ranges) return;
+  const uint64_t lo = (uintptr_t)p, hi = lo + bytes;
+  for (uint64_t k = 0; k < c.nranges; ++k)
+    if (lo >= c.ranges[2 * k] && hi <= c.ranges[2 * k + 1]) return;
+  fail(kGlobalOutOfBounds, "%s: global bytes [%p, +%zu) are outside every buffer of the launch", op, p, bytes);
+}
+
+inline void memory_access(const void* p, size_t bytes, bool write, const char* op) {
+  if (in_smem(p))
+    shared_access(p, bytes, write, op);
+  else
+    global_access(p, bytes, op);
+}
+
+// Checked pointers: what MG_PARAM / MG_SPTR declare in check builds; every element access is judged.
+template <class T>
+struct CheckedRef {
+  T* p;
+  operator T() const {
+    memory_access(p, sizeof(T), false, "load");
+    return *p;
+  }
+  const CheckedRef& operator=(T v) const {
+    memory_access(p, sizeof(T), true, "store");
+    *p = v;
+    return *this;
+  }
+  const CheckedRef& operator=(const CheckedRef& o) const { return *this = (T)o; }
+  T* operator&() const { return p; }
+};
+template <class T>
+struct Checked {
+  T* p;
+  Checked(T* q = nullptr) : p(q) {}
+  CheckedRef<T> operator[](long long i) const { return {p + i}; }
+  Checked operator+(long long i) const { return {p + i}; }
+  operator T*() const { return p; }
+};
+template <class T>
+inline constexpr bool kIsChecked = false;
+template <class T>
+inline constexpr bool kIsChecked<Checked<T>> = true;
+
 // ---- barriers and warp collectives ----------------------------------------------------------------------------
 inline void block_barrier() {
   Thread& t = self();
@@ -284,6 +391,8 @@ inline void require_full_warp(const Warp& w, const char* op) {
 
 // ---- cp.async: issued copies wait in a per-thread queue until they land ---------------------------------------
 inline void land(const Copy& c) {
+  shared_pending(c.dst, 16, false);
+  shared_access(c.dst, 16, true, "cp.async landing");
   std::memcpy(c.dst, c.src, c.src_bytes);
   std::memset((char*)c.dst + c.src_bytes, 0, 16 - c.src_bytes);
 }
@@ -302,6 +411,9 @@ inline void cp_async(void* dst, const void* src, unsigned src_bytes, const char*
   check_aligned(src, 16, op, "global source");
   check_smem(dst, 16, op);
   if (src_bytes > 16) fail(kBadArgument, "%s: src_bytes = %u, must be 0..16", op, src_bytes);
+  if (src_bytes) global_access(src, src_bytes, op);
+  shared_access(dst, 16, true, op);
+  shared_pending(dst, 16, true);
   Thread& t = self();
   t.copies.push_back({dst, src, src_bytes, t.group});
 }
@@ -496,7 +608,8 @@ class Worker {  // runs blocks one at a time on one OS thread
              (unsigned long long)L_.cfg->stack_bytes);
       return;
     }
-    for (long id; L_.fault.load() == kOk && (id = L_.next_block++) < L_.nblocks;) run_block(id);
+    for (long k; L_.fault.load() == kOk && (k = L_.next_block++) < L_.nblocks;)
+      run_block(L_.cfg->blocks ? (long)L_.cfg->blocks[k] : k);
   }
 
  private:
@@ -514,6 +627,10 @@ class Worker {  // runs blocks one at a time on one OS thread
     smem_.reset();
     b_.smem = smem_.smem();
     b_.smem_bytes = L_.cfg->smem_bytes;
+#if defined(MG_SHIM_CHECK)
+    shadow_.assign(b_.smem_bytes, Shadow());
+    b_.shadow = shadow_.data();
+#endif
     for (int w = 0; w < b_.nwarps; ++w) {
       warps_[w] = Warp();
       warps_[w].size = std::min(32, n_ - 32 * w);
@@ -569,6 +686,7 @@ class Worker {  // runs blocks one at a time on one OS thread
   SmemArena smem_;
   std::vector<int> order_, warp_order_;
   Block b_;
+  std::vector<Shadow> shadow_;
 };
 
 inline bool validate(Launch& L) {
@@ -586,6 +704,9 @@ inline bool validate(Launch& L) {
   else if (c.stack_bytes < 16384 || c.stack_bytes % 4096)
     report(L, kBadLaunch, "stack_bytes must be a multiple of 4096 and >= 16384, got %llu",
            (unsigned long long)c.stack_bytes);
+  for (uint64_t k = 0; c.blocks && k < c.nblocks && L.fault.load() == kOk; ++k)
+    if (c.blocks[k] >= (uint64_t)c.grid[0] * c.grid[1] * c.grid[2])
+      report(L, kBadLaunch, "block %llu of the block list is outside the grid", (unsigned long long)c.blocks[k]);
   return L.fault.load() == kOk;
 }
 
@@ -613,7 +734,7 @@ inline int32_t run_launch(void (*body)(const void*), const void* args, LaunchCon
   L.args = args;
   L.grid = {cfg->grid[0], cfg->grid[1], cfg->grid[2]};
   L.block = {cfg->block[0], cfg->block[1], cfg->block[2]};
-  L.nblocks = (long)L.grid.x * L.grid.y * L.grid.z;
+  L.nblocks = cfg->blocks ? (long)cfg->nblocks : (long)L.grid.x * L.grid.y * L.grid.z;
   try {
     if (validate(L)) run_workers(L, std::min<long>(std::max(cfg->workers, 1), L.nblocks));
   } catch (const std::exception& e) {
@@ -630,7 +751,7 @@ inline constexpr bool kAlwaysFalse = false;
 
 template <class T>
 constexpr char type_code() {
-  if constexpr (std::is_pointer_v<T>) return 'p';
+  if constexpr (std::is_pointer_v<T> || kIsChecked<T>) return 'p';
   else if constexpr (std::is_same_v<T, float>) return 'f';
   else if constexpr (std::is_same_v<T, double>) return 'd';
   else if constexpr (std::is_same_v<T, bool>) return '?';

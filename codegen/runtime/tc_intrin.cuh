@@ -23,9 +23,34 @@ typedef unsigned short mg_bf16;  // bfloat16, raw bits (the bits of ml_dtypes.bf
 #define MG_SHARED_DYN(name) unsigned char* const name = mgshim::dynamic_smem()
 #endif
 
+// Pointer types of kernel parameters and shared buffers. The CPU harness's check builds (-DMG_SHIM_CHECK) make
+// them checked pointers: every element access is judged (shared-memory races between barriers, global bounds).
+#if defined(MG_SHIM_CHECK) && !defined(__CUDACC__)
+#define MG_PARAM(T) mgshim::Checked<T>
+#define MG_SPTR(T) mgshim::Checked<T>
+#else
+#define MG_PARAM(T) T* __restrict__
+#define MG_SPTR(T) T*
+#endif
+
 struct __align__(16) mg_u32x4 {  // 16 bytes, for vectorised global/shared copies
   unsigned x, y, z, w;
 };
+
+// Whole-vector stores through a typed address (codegen writes these instead of casting, so checks see them).
+#if defined(__CUDACC__)
+MG_DEVICE void mg_st16(void* p, mg_u32x4 v) { *(mg_u32x4*)p = v; }
+MG_DEVICE void mg_st32(void* p, unsigned v) { *(unsigned*)p = v; }
+#else
+inline void mg_st16(void* p, mg_u32x4 v) {
+  mgshim::memory_access(p, 16, true, "16-byte store");
+  std::memcpy(p, &v, 16);
+}
+inline void mg_st32(void* p, unsigned v) {
+  mgshim::memory_access(p, 4, true, "4-byte store");
+  std::memcpy(p, &v, 4);
+}
+#endif
 
 // ---- thread and block indices ---------------------------------------------------------------------------------
 MG_DEVICE unsigned mg_tid_x() { return threadIdx.x; }
@@ -120,8 +145,17 @@ MG_DEVICE float mg_rsqrt(float x) { return rsqrtf(x); }
 MG_DEVICE float mg_tanh(float x) { return tanhf(x); }
 MG_DEVICE float mg_erf(float x) { return erff(x); }
 // max/min propagate NaN as XLA's do (fmaxf/fminf return the other operand): a NaN makes a + b NaN
-MG_DEVICE float mg_fmax(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
-MG_DEVICE float mg_fmin(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+// max.NaN / min.NaN (sm_80+): one instruction that returns NaN when either operand is NaN, as XLA's max does.
+MG_DEVICE float mg_fmax(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+MG_DEVICE float mg_fmin(float a, float b) {
+  float d;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
 #else
 inline float mg_exp(float x) { return std::exp(x); }
 inline float mg_log(float x) { return std::log(x); }
@@ -252,6 +286,7 @@ void mgshim_ldmatrix(unsigned* r, const void* row, const char* op) {
   if (t.lane < 8 * NUM) {  // only these lanes' addresses are read
     mgshim::check_aligned(row, 16, op, "row address");
     mgshim::check_smem(row, 16, op);
+    mgshim::shared_access(row, 16, false, op);
   }
   t.warp->ptr[t.lane] = row;
   mgshim::warp_collective(op, mgshim_ldmatrix_complete<NUM, TRANS>);
@@ -341,6 +376,12 @@ MG_DEVICE unsigned mg_atomic_inc(unsigned* counter) { return atomicAdd(counter, 
 MG_DEVICE float mg_ldcg(const float* p) { return __ldcg(p); }
 #else
 inline void mg_threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline unsigned mg_atomic_inc(unsigned* counter) { return __atomic_fetch_add(counter, 1u, __ATOMIC_SEQ_CST); }
-inline float mg_ldcg(const float* p) { return *p; }
+inline unsigned mg_atomic_inc(unsigned* counter) {
+  mgshim::global_access(counter, 4, "atomicAdd");
+  return __atomic_fetch_add(counter, 1u, __ATOMIC_SEQ_CST);
+}
+inline float mg_ldcg(const float* p) {
+  mgshim::global_access(p, 4, "ld.global.cg");
+  return *p;
+}
 #endif

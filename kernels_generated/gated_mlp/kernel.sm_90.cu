@@ -7,15 +7,15 @@ MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
 //   sm1 [0, 57344) input 1 tile [64, 64] x 7 stages
 //   sm2 [57344, 114688) input 2 tile [64, 64] x 7 stages
 //   sm0 [114688, 121856) input 0 tile [8, 64] x 7 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, mg_half* __restrict__ p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 114688);  // input 0 tile [8, 64] x 7 stages
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 114688);  // input 0 tile [8, 64] x 7 stages
   const long long sm0g = 0;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 7 stages
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 7 stages
   const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 57344);  // input 2 tile [64, 64] x 7 stages
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 57344);  // input 2 tile [64, 64] x 7 stages
   const long long sm2g = (long long)mg_bid_x() * 64;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,8,64] on 1x1x4 warps
   const long long p3o = (long long)mg_bid_x() * 64;  // output 0 tile origin
@@ -139,9 +139,9 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   for (int it = 0; it < 64; ++it) {
     mg_cp_async_wait_group<5>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 7 * 512;
-    mg_half* const sm1c = sm1 + it % 7 * 4096;
-    mg_half* const sm2c = sm2 + it % 7 * 4096;
+    MG_SPTR(mg_half) const sm0c = sm0 + it % 7 * 512;
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 7 * 4096;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 7 * 4096;
     // prefetch the input tiles of iteration it + 6
     {
       const int itn = it + 6 < 64 ? it + 6 : 63, nbytes = it + 6 < 64 ? 16 : 0;
@@ -232,6 +232,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r_ = f0m + mi * 16 + g_ + h * 8, c_ = f0n + ni * 8 + t4_ * 2;
-    if (r_ < 8) *(unsigned*)&p3[p3o + r_ * 4096 + c_] = mg_pack2(mg_f2h(v1[bi][mi][ni][2 * h]), mg_f2h(v1[bi][mi][ni][2 * h + 1]));
+    if (r_ < 8) mg_st32(&p3[p3o + r_ * 4096 + c_], mg_pack2(mg_f2h(v1[bi][mi][ni][2 * h]), mg_f2h(v1[bi][mi][ni][2 * h + 1])));
   }
 }

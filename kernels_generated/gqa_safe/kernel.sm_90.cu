@@ -11,15 +11,15 @@ inline float mg_ninf() { return -HUGE_VALF; }
 //   sm1 [0, 32768) input 1 tile [1, 64, 64] x 4 stages
 //   sm2 [32768, 65536) input 2 tile [1, 64, 64] x 4 stages
 //   sm0 [65536, 73728) input 0 tile [1, 64, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, float* __restrict__ p3, float* __restrict__ p4, float* __restrict__ p5) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(float) p3, MG_PARAM(float) p4, MG_PARAM(float) p5) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [1, 64, 64]
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_z() * 4096;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 64] x 4 stages
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 64] x 4 stages
   const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 256;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 64, 64] x 4 stages
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 64, 64] x 4 stages
   const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384;  // block's tile origin
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 64;  // [1,64,64] on 1x4x1 warps
   const long long p3o = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 64 + (long long)mg_bid_z() * 65536;  // output 0 tile origin
@@ -88,8 +88,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   for (int it = 0; it < 4; ++it) {
     mg_cp_async_wait_group<2>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm1c = sm1 + it % 4 * 4096;
-    mg_half* const sm2c = sm2 + it % 4 * 4096;
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 4 * 4096;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 4 * 4096;
     // prefetch the input tiles of iteration it + 3
     {
       const int itn = it + 3 < 4 ? it + 3 : 3, nbytes = it + 3 < 4 ? 16 : 0;
@@ -281,18 +281,18 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 //   sm2 [16640, 16896) input 2 tile [1, 4, 1] x 16 stages
 //   sm3 [16896, 16912) exp[1, 4, 1] (fp32)
 //   sm4 [17024, 17040) rescale factor (fp32)
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, mg_half* __restrict__ p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(MG_PARAM(const float) p0, MG_PARAM(const float) p1, MG_PARAM(const float) p2, MG_PARAM(mg_half) p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
-  float* const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 16 stages
+  MG_SPTR(float) const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 16 stages
   const long long sm0g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 4096;  // block's tile origin
-  float* const sm1 = (float*)(smem + 16384);  // input 1 tile [1, 4, 1] x 16 stages
+  MG_SPTR(float) const sm1 = (float*)(smem + 16384);  // input 1 tile [1, 4, 1] x 16 stages
   const long long sm1g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 64;  // block's tile origin
-  float* const sm2 = (float*)(smem + 16640);  // input 2 tile [1, 4, 1] x 16 stages
+  MG_SPTR(float) const sm2 = (float*)(smem + 16640);  // input 2 tile [1, 4, 1] x 16 stages
   const long long sm2g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 64;  // block's tile origin
-  float* const sm3 = (float*)(smem + 16896);  // exp[1, 4, 1] (fp32)
-  float* const sm4 = (float*)(smem + 17024);  // rescale factor (fp32)
-  float* const sm5 = (float*)(smem + 0);  // acc_sum_rescale[1, 4, 1] (fp32)
+  MG_SPTR(float) const sm3 = (float*)(smem + 16896);  // exp[1, 4, 1] (fp32)
+  MG_SPTR(float) const sm4 = (float*)(smem + 17024);  // rescale factor (fp32)
+  MG_SPTR(float) const sm5 = (float*)(smem + 0);  // acc_sum_rescale[1, 4, 1] (fp32)
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 256;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 64 x 16 B
@@ -559,9 +559,9 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, co
   for (int it = 0; it < 16; ++it) {
     mg_cp_async_wait_group<14>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    float* const sm0c = sm0 + it % 16 * 256;
-    float* const sm1c = sm1 + it % 16 * 4;
-    float* const sm2c = sm2 + it % 16 * 4;
+    MG_SPTR(float) const sm0c = sm0 + it % 16 * 256;
+    MG_SPTR(float) const sm1c = sm1 + it % 16 * 4;
+    MG_SPTR(float) const sm2c = sm2 + it % 16 * 4;
     // prefetch the input tiles of iteration it + 15
     {
       const int itn = it + 15 < 16 ? it + 15 : 15, nbytes = it + 15 < 16 ? 16 : 0;

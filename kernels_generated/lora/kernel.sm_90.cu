@@ -7,21 +7,21 @@
 //   sm0 [32768, 40960) input 0 tile [16, 64] x 4 stages
 //   sm2 [40960, 49152) input 2 tile [64, 16] x 4 stages
 //   sm3 [49152, 51200) input 3 tile [16, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, const mg_half* __restrict__ p3, mg_half* __restrict__ p4) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(const mg_half) p3, MG_PARAM(mg_half) p4) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 32768);  // input 0 tile [16, 64] x 4 stages
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 32768);  // input 0 tile [16, 64] x 4 stages
   const long long sm0g = 0;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages
   const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 40960);  // input 2 tile [64, 16] x 4 stages
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 40960);  // input 2 tile [64, 16] x 4 stages
   const long long sm2g = 0;  // block's tile origin
-  mg_half* const sm3 = (mg_half*)(smem + 49152);  // input 3 tile [16, 64]
+  MG_SPTR(mg_half) const sm3 = (mg_half*)(smem + 49152);  // input 3 tile [16, 64]
   const long long sm3g = (long long)mg_bid_x() * 64;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,16,64] on 1x1x4 warps
   const int f1b = warp / 2 * 1, f1m = warp / 2 % 1 * 16, f1n = warp % 2 * 8;  // [1,16,16] on 1x1x2 warps
-  mg_half* const sm4 = (mg_half*)(smem + 0);  // acc_sum[16, 16] as f16 operand A
+  MG_SPTR(mg_half) const sm4 = (mg_half*)(smem + 0);  // acc_sum[16, 16] as f16 operand A
   const long long p4o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // loop-invariant input tiles
   // cp.async 128 x 16 B
@@ -90,9 +90,9 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   for (int it = 0; it < 4; ++it) {
     mg_cp_async_wait_group<2>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 4 * 1024;
-    mg_half* const sm1c = sm1 + it % 4 * 4096;
-    mg_half* const sm2c = sm2 + it % 4 * 1024;
+    MG_SPTR(mg_half) const sm0c = sm0 + it % 4 * 1024;
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 4 * 4096;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 4 * 1024;
     // prefetch the input tiles of iteration it + 3
     {
       const int itn = it + 3 < 4 ? it + 3 : 3, nbytes = it + 3 < 4 ? 16 : 0;
@@ -199,6 +199,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r_ = f0m + mi * 16 + g_ + h * 8, c_ = f0n + ni * 8 + t4_ * 2;
-    *(unsigned*)&p4[p4o + r_ * 4096 + c_] = mg_pack2(mg_f2h(v1[bi][mi][ni][2 * h]), mg_f2h(v1[bi][mi][ni][2 * h + 1]));
+    mg_st32(&p4[p4o + r_ * 4096 + c_], mg_pack2(mg_f2h(v1[bi][mi][ni][2 * h]), mg_f2h(v1[bi][mi][ni][2 * h + 1])));
   }
 }

@@ -11,20 +11,20 @@ MG_DEVICE float mg_square(float x) { return x * x; }
 //   sm5 [24576, 24592) warp partials (1 x 4)
 //   sm6 [24576, 24580) rsqrt(mean(x^2)) of rms_norm[1, 4096]
 //   sm4 [24704, 24708) rsqrt(mean(x^2)) of rms_norm[1, 4096]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, mg_half* __restrict__ p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
-  mg_half* const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 4096]
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 4096]
   const long long sm0g = (long long)mg_bid_x() * 4096;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 8192);  // input 1 tile [1, 4096]
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 8192);  // input 1 tile [1, 4096]
   const long long sm1g = (long long)mg_bid_x() * 4096;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 16384);  // input 2 tile [1, 4096]
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 16384);  // input 2 tile [1, 4096]
   const long long sm2g = (long long)mg_bid_x() * 4096;  // block's tile origin
   const int q128g = tid / 128, q128l = tid % 128;  // groups of 128 lanes
-  float* const sm3 = (float*)(smem + 24576);  // warp partials (1 x 4)
-  float* const sm4 = (float*)(smem + 24704);  // rsqrt(mean(x^2)) of rms_norm[1, 4096]
-  float* const sm5 = (float*)(smem + 24576);  // warp partials (1 x 4)
-  float* const sm6 = (float*)(smem + 24576);  // rsqrt(mean(x^2)) of rms_norm[1, 4096]
+  MG_SPTR(float) const sm3 = (float*)(smem + 24576);  // warp partials (1 x 4)
+  MG_SPTR(float) const sm4 = (float*)(smem + 24704);  // rsqrt(mean(x^2)) of rms_norm[1, 4096]
+  MG_SPTR(float) const sm5 = (float*)(smem + 24576);  // warp partials (1 x 4)
+  MG_SPTR(float) const sm6 = (float*)(smem + 24576);  // rsqrt(mean(x^2)) of rms_norm[1, 4096]
   const long long p3o = (long long)mg_bid_x() * 4096;  // output 0 tile origin
   // loop-invariant input tiles
   // cp.async 512 x 16 B

@@ -14,24 +14,24 @@ MG_DEVICE mg_bf16 mg_bf16_lo(float x) { return mg_f2b(x - mg_b2f(mg_f2b(x))); }
 //   sm3 [73728, 73984) rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
 //   sm8 [73728, 81920) rms_norm[1, 64, 64] as bf16 lo operand B
 //   sm4 [81920, 82176) rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, const mg_half* __restrict__ p2, float* __restrict__ p3, float* __restrict__ p4) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(float) p3, MG_PARAM(float) p4) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [1, 64, 64]
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_z() * 4096;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 64] x 3 stages
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 64] x 3 stages
   const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 256;  // block's tile origin
-  mg_half* const sm2 = (mg_half*)(smem + 24576);  // input 2 tile [1, 64, 64] x 3 stages
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 24576);  // input 2 tile [1, 64, 64] x 3 stages
   const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 16384;  // block's tile origin
   const int q2g = tid / 2, q2l = tid % 2;  // groups of 2 lanes
-  float* const sm3 = (float*)(smem + 73728);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
-  float* const sm4 = (float*)(smem + 81920);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
-  mg_bf16* const sm5 = (mg_bf16*)(smem + 57344);  // rms_norm[1, 64, 64] as bf16 lo operand A
-  mg_bf16* const sm6 = (mg_bf16*)(smem + 49152);  // rms_norm[1, 64, 64] as bf16 hi operand B
+  MG_SPTR(float) const sm3 = (float*)(smem + 73728);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
+  MG_SPTR(float) const sm4 = (float*)(smem + 81920);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
+  MG_SPTR(mg_bf16) const sm5 = (mg_bf16*)(smem + 57344);  // rms_norm[1, 64, 64] as bf16 lo operand A
+  MG_SPTR(mg_bf16) const sm6 = (mg_bf16*)(smem + 49152);  // rms_norm[1, 64, 64] as bf16 hi operand B
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 64;  // [1,64,64] on 1x4x1 warps
-  mg_bf16* const sm7 = (mg_bf16*)(smem + 65536);  // rms_norm[1, 64, 64] as bf16 hi operand A
-  mg_bf16* const sm8 = (mg_bf16*)(smem + 73728);  // rms_norm[1, 64, 64] as bf16 lo operand B
+  MG_SPTR(mg_bf16) const sm7 = (mg_bf16*)(smem + 65536);  // rms_norm[1, 64, 64] as bf16 hi operand A
+  MG_SPTR(mg_bf16) const sm8 = (mg_bf16*)(smem + 73728);  // rms_norm[1, 64, 64] as bf16 lo operand B
   const long long p3o = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 64 + (long long)mg_bid_z() * 65536;  // output 0 tile origin
   const long long p4o = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 1 + (long long)mg_bid_z() * 1024;  // output 1 tile origin
   // loop-invariant input tiles
@@ -91,13 +91,13 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 #pragma unroll
   for (int i_ = 0; i_ < 4; ++i_) {
     const int e_ = tid + i_ * 128;
-    *(mg_u32x4*)&sm5[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))] = mg_u32x4{mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm3[e_ / 8]))), mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm3[e_ / 8]))), mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm3[e_ / 8]))), mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm3[e_ / 8])))};
+    mg_st16(&sm5[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))], mg_u32x4{mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm3[e_ / 8]))), mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm3[e_ / 8]))), mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm3[e_ / 8]))), mg_pack2(mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm3[e_ / 8])), mg_bf16_lo((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm3[e_ / 8])))});
   }
   // stage rms_norm[1, 64, 64] for ldmatrix
 #pragma unroll
   for (int i_ = 0; i_ < 4; ++i_) {
     const int e_ = tid + i_ * 128;
-    *(mg_u32x4*)&sm7[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))] = mg_u32x4{mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm3[e_ / 8]))), mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm3[e_ / 8]))), mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm3[e_ / 8]))), mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm3[e_ / 8])))};
+    mg_st16(&sm7[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))], mg_u32x4{mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm3[e_ / 8]))), mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm3[e_ / 8]))), mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm3[e_ / 8]))), mg_pack2(mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm3[e_ / 8])), mg_f2b((mg_h2f(sm0[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm3[e_ / 8])))});
   }
   float acc0[1][1][8][4] = {};  // acc_sum[1, 64, 64]
   float acc1[1][1][2] = {};  // acc_sum_last[1, 64, 1]
@@ -105,8 +105,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   for (int it = 0; it < 4; ++it) {
     mg_cp_async_wait_group<1>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm1c = sm1 + it % 3 * 4096;
-    mg_half* const sm2c = sm2 + it % 3 * 4096;
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 3 * 4096;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 3 * 4096;
     // prefetch the input tiles of iteration it + 2
     {
       const int itn = it + 2 < 4 ? it + 2 : 3, nbytes = it + 2 < 4 ? 16 : 0;
@@ -143,13 +143,13 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 #pragma unroll
     for (int i_ = 0; i_ < 4; ++i_) {
       const int e_ = tid + i_ * 128;
-      *(mg_u32x4*)&sm6[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))] = mg_u32x4{mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm4[e_ % 8 * 8 + 0])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm4[e_ % 8 * 8 + 1]))), mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm4[e_ % 8 * 8 + 2])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm4[e_ % 8 * 8 + 3]))), mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm4[e_ % 8 * 8 + 4])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm4[e_ % 8 * 8 + 5]))), mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm4[e_ % 8 * 8 + 6])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm4[e_ % 8 * 8 + 7])))};
+      mg_st16(&sm6[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))], mg_u32x4{mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm4[e_ % 8 * 8 + 0])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm4[e_ % 8 * 8 + 1]))), mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm4[e_ % 8 * 8 + 2])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm4[e_ % 8 * 8 + 3]))), mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm4[e_ % 8 * 8 + 4])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm4[e_ % 8 * 8 + 5]))), mg_pack2(mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm4[e_ % 8 * 8 + 6])), mg_f2b((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm4[e_ % 8 * 8 + 7])))});
     }
     // stage rms_norm[1, 64, 64] for ldmatrix
 #pragma unroll
     for (int i_ = 0; i_ < 4; ++i_) {
       const int e_ = tid + i_ * 128;
-      *(mg_u32x4*)&sm8[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))] = mg_u32x4{mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm4[e_ % 8 * 8 + 0])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm4[e_ % 8 * 8 + 1]))), mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm4[e_ % 8 * 8 + 2])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm4[e_ % 8 * 8 + 3]))), mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm4[e_ % 8 * 8 + 4])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm4[e_ % 8 * 8 + 5]))), mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm4[e_ % 8 * 8 + 6])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm4[e_ % 8 * 8 + 7])))};
+      mg_st16(&sm8[(((e_ / 8) * 64 + (e_ % 8 * 8)) ^ ((((e_ / 8) * 64 + (e_ % 8 * 8)) >> 3) & 56))], mg_u32x4{mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 0]) * sm4[e_ % 8 * 8 + 0])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 1]) * sm4[e_ % 8 * 8 + 1]))), mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 2]) * sm4[e_ % 8 * 8 + 2])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 3]) * sm4[e_ % 8 * 8 + 3]))), mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 4]) * sm4[e_ % 8 * 8 + 4])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 5]) * sm4[e_ % 8 * 8 + 5]))), mg_pack2(mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 6]) * sm4[e_ % 8 * 8 + 6])), mg_bf16_lo((mg_h2f(sm1c[(e_ / 8) * 64 + e_ % 8 * 8 + 7]) * sm4[e_ % 8 * 8 + 7])))});
     }
     mg_syncthreads();
     float v2[1][1][8][4] = {};
@@ -304,14 +304,14 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 //   sm0 [0, 16384) input 0 tile [1, 4, 64] x 16 stages
 //   sm2 [0, 16) acc_sum[1, 4, 1] (fp32)
 //   sm1 [16384, 16640) input 1 tile [1, 4, 1] x 16 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, const float* __restrict__ p1, mg_half* __restrict__ p2) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(MG_PARAM(const float) p0, MG_PARAM(const float) p1, MG_PARAM(mg_half) p2) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
-  float* const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 16 stages
+  MG_SPTR(float) const sm0 = (float*)(smem + 0);  // input 0 tile [1, 4, 64] x 16 stages
   const long long sm0g = (long long)mg_bid_x() * 262144 + (long long)mg_bid_y() * 4096;  // block's tile origin
-  float* const sm1 = (float*)(smem + 16384);  // input 1 tile [1, 4, 1] x 16 stages
+  MG_SPTR(float) const sm1 = (float*)(smem + 16384);  // input 1 tile [1, 4, 1] x 16 stages
   const long long sm1g = (long long)mg_bid_x() * 4096 + (long long)mg_bid_y() * 64;  // block's tile origin
-  float* const sm2 = (float*)(smem + 0);  // acc_sum[1, 4, 1] (fp32)
+  MG_SPTR(float) const sm2 = (float*)(smem + 0);  // acc_sum[1, 4, 1] (fp32)
   const long long p2o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 256;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 64 x 16 B
@@ -499,8 +499,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel1(const float* __restrict__ p0, co
   for (int it = 0; it < 16; ++it) {
     mg_cp_async_wait_group<14>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    float* const sm0c = sm0 + it % 16 * 256;
-    float* const sm1c = sm1 + it % 16 * 4;
+    MG_SPTR(float) const sm0c = sm0 + it % 16 * 256;
+    MG_SPTR(float) const sm1c = sm1 + it % 16 * 4;
     // prefetch the input tiles of iteration it + 15
     {
       const int itn = it + 15 < 16 ? it + 15 : 15, nbytes = it + 15 < 16 ? 16 : 0;

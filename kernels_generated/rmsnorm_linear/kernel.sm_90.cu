@@ -5,17 +5,17 @@
 //   sm1 [0, 65536) input 1 tile [64, 64] x 8 stages
 //   sm2 [0, 64) rsqrt[16, 1] (fp32)
 //   sm0 [65536, 81920) input 0 tile [16, 64] x 8 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, const mg_half* __restrict__ p1, mg_half* __restrict__ p2) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(mg_half) p2) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  mg_half* const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [16, 64] x 8 stages
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [16, 64] x 8 stages
   const long long sm0g = 0;  // block's tile origin
-  mg_half* const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 8 stages
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 8 stages
   const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,16,64] on 1x1x4 warps
   const int q8g = tid / 8, q8l = tid % 8;  // groups of 8 lanes
-  float* const sm2 = (float*)(smem + 0);  // rsqrt[16, 1] (fp32)
+  MG_SPTR(float) const sm2 = (float*)(smem + 0);  // rsqrt[16, 1] (fp32)
   const long long p2o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 128 x 16 B
@@ -114,8 +114,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
   for (int it = 0; it < 64; ++it) {
     mg_cp_async_wait_group<6>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    mg_half* const sm0c = sm0 + it % 8 * 1024;
-    mg_half* const sm1c = sm1 + it % 8 * 4096;
+    MG_SPTR(mg_half) const sm0c = sm0 + it % 8 * 1024;
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 8 * 4096;
     // prefetch the input tiles of iteration it + 7
     {
       const int itn = it + 7 < 64 ? it + 7 : 63, nbytes = it + 7 < 64 ? 16 : 0;
@@ -209,6 +209,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(const mg_half* __restrict__ p0, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r_ = f0m + mi * 16 + g_ + h * 8, c_ = f0n + ni * 8 + t4_ * 2;
-    *(unsigned*)&p2[p2o + r_ * 6144 + c_] = mg_pack2(mg_f2h(v4[bi][mi][ni][2 * h]), mg_f2h(v4[bi][mi][ni][2 * h + 1]));
+    mg_st32(&p2[p2o + r_ * 6144 + c_], mg_pack2(mg_f2h(v4[bi][mi][ni][2 * h]), mg_f2h(v4[bi][mi][ni][2 * h + 1])));
   }
 }

@@ -28,10 +28,11 @@ def custom_names(modules: dict) -> list[str]:
     return [k.name for m in modules.values() for k in m.plan.kernels if k.kind == "custom"]
 
 
-def build_bundle(modules: dict):
+def build_bundle(modules: dict, defines=()):
     """One CPU module with every custom kernel of ``modules`` (None if there is none)."""
     names = custom_names(modules)
-    return build_cpu(bundle_source(modules), names) if names else None
+    arch = next(iter(modules.values())).arch if modules else "sm_80"
+    return build_cpu(bundle_source(modules, arch), names, defines=list(defines)) if names else None
 
 
 def max_rel_error(outs, refs) -> float:

@@ -7,7 +7,8 @@ import pytest
 
 import mugraph.codegen
 from mugraph import ir, workloads
-from mugraph.codegen.regen import GraphSource, max_relative_error, regenerate
+from mugraph.codegen.regen import max_relative_error
+from mugraph.regen import GraphSource, regenerate
 from tests.codegen import handmade_plan as hp
 
 FEW = ["lora", "ntrans"]
@@ -94,3 +95,33 @@ def test_a_failing_cpu_check_is_recorded_not_raised(tmp_path, stand_in, monkeypa
 
 def test_max_relative_error_treats_nan_as_infinite():
     assert max_relative_error([np.array([np.nan, 1.0])], [np.array([1.0, 1.0])]) == float("inf")
+
+
+def _fake_search(w, log):
+    summary = {"config": {"seed": 0, "budget_states": 10, "budget_seconds": 1.0, "max_kernel_ops": 1,
+                          "target": "h100"}, "stop_reason": "states", "states": 10, "verified": 1,
+               "winner": "one kernel", "estimate_us": 1.5, "spec_estimate_us": 9.0, "equivalent": True}
+    return w.reference(), summary
+
+
+def test_the_searched_winner_sits_beside_the_reference(tmp_path, stand_in, monkeypatch):
+    import mugraph.regen as regen
+    monkeypatch.setattr(regen, "run_search", _fake_search)
+    monkeypatch.setattr(regen, "sampled_check", lambda w, g, log: "sampled: pass: max error 0.0e+00")
+    written = regenerate(tmp_path, workloads=["ntrans"], search=True)
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in written)
+    assert names == ["ntrans/graph.json", "ntrans/kernel.cu", "ntrans/report.md", "ntrans/searched/graph.json",
+                     "ntrans/searched/kernel.cu", "ntrans/searched/report.md", "ntrans/searched/search.json"]
+    report = (tmp_path / "ntrans" / "searched" / "report.md").read_text()
+    assert "## Search" in report and "stop reason states" in report and "sampled: pass" in report
+    monkeypatch.setattr(regen, "run_search", lambda w, log: pytest.fail("a check or plain regen never searches"))
+    assert regenerate(tmp_path, workloads=["ntrans"], check=True) == []
+    assert regenerate(tmp_path, workloads=["ntrans"]) == written
+
+
+def test_the_sampled_check_runs_the_full_shape_kernels():
+    import mugraph.regen as regen
+    w = workloads.get("ntrans")
+    line = regen.sampled_check(w, w.reference(), lambda s: None)
+    assert ": pass: max error" in line and "mg_kernel0 3 of 8 blocks" in line  # corners 0 and 7, one at random
+    assert "not run: no custom kernels" in regen.sampled_check(w, w.spec(), lambda s: None)

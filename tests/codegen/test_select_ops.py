@@ -1,6 +1,7 @@
 """The predicate and select ops in generated kernels: every new elementwise op on tiles holding NaN,
 +-inf and signed zeros, and a causal mask built from iota leaves that a gridded kernel tiles, each on
-the CPU harness against the interpreter (and JAX), and compiled with NVRTC for sm_80 and sm_90."""
+the CPU harness against the interpreter (and JAX), and compiled with NVRTC for sm_80 and sm_90. Index
+tiles are computed in the kernel (no launch fills them, no parameter carries them)."""
 from __future__ import annotations
 
 import jax
@@ -83,10 +84,22 @@ def _causal_softmax():
     return ir.KernelGraph([out], [S])
 
 
+def _masked_row_sums():
+    """sum over j <= i of s[i, j], the columns walked by a loop of 4: the column iota (float16) is tiled
+    by the loop too, and the row iota is read transposed from a [1, 32] iota."""
+    S = ir.input("S", (32, 64), "float32")
+    r, c = ir.iota((1, 32), 1).transpose((1, 0)), ir.iota((1, 64), 1, "float16")
+    b = ir.BlockBuilder(grid=(2, 1, 1), forloop=4)
+    s, tr, tc = b.input(S, imap=(0,), fmap=1), b.input(r, imap=(0,)), b.input(c, fmap=1)
+    (out,) = b.finish([(tc.le(tr).select(s, 0.0).acc_sum_last(), (0,), "float32")])
+    return ir.KernelGraph([out], [S])
+
+
 @pytest.fixture(scope="module")
 def bundle():
     graphs = {op.value: _one_op(op, build) for op, build in OPS.items()}
     graphs["causal_softmax"] = _causal_softmax()
+    graphs["masked_row_sums"] = _masked_row_sums()
     modules = generate_all(graphs)
     return graphs, modules, build_bundle(modules)
 
@@ -111,6 +124,16 @@ def test_causal_mask_from_iota_tiles_matches_jax(bundle):
     want = np.asarray(jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert (got[np.asarray(~mask)] == 0).all() and (got[16, :17] > 0).all()
+
+
+def test_iota_tiles_follow_the_loop_and_transposes(bundle):
+    graphs, modules, cpu = bundle
+    s = np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)
+    (got,) = run_bundled(modules["masked_row_sums"], cpu, [s])
+    want = np.tril(s).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    plan = modules["masked_row_sums"].plan
+    assert [k.kind for k in plan.kernels] == ["custom"] and plan.kernels[0].args == ("S", "out0")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

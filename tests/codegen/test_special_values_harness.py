@@ -1,5 +1,6 @@
-"""IEEE special values through the generated CUDA on the CPU harness: max, min, relu and max reductions
-propagate NaN as XLA's do, and 16-bit rows whose sum passes the fp16 maximum stay finite (fp32 accumulation)."""
+"""IEEE special values through the generated CUDA on the CPU harness: every elementwise op agrees with the
+interpreter on NaN, ±inf, ±0, denormals and near-overflow values; max, min, relu and max reductions propagate
+NaN as XLA's do; 16-bit rows whose sum passes the fp16 maximum stay finite (fp32 accumulation)."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,3 +70,48 @@ def test_an_fp16_layernorm_with_row_sums_past_65504_stays_finite_on_the_harness(
     (want,) = ir.interpret(graph, [x])
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got.astype(np.float64), want, atol=2e-2)
+
+
+SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -3e-39, 3e38, -3e38, 1.0, -1.0, 0.5, 88.0, -88.0,
+            700.0, -2.5]
+
+
+def _special_tiles(seed=0, shape=(16, 64)):
+    """Three fp32 tiles whose columns pair every special value with every other (and randoms)."""
+    rng = np.random.default_rng(seed)
+    n = len(SPECIALS)
+    a = rng.standard_normal((3,) + shape).astype(np.float32)
+    for i, s in enumerate(SPECIALS):
+        a[0, i, :n] = s                     # row i of x: one special value
+        a[1, :n, i] = s                     # column i of y: every special value against row i of x
+        a[2, i, n:2 * n] = s
+    return a
+
+
+def _every_op_graph(shape=(16, 64)):
+    """One kernel applying every elementwise op to special-value tiles: one output per op."""
+    from mugraph.ir.ops import BINARY, TERNARY, UNARY
+    ins = [ir.input(name, shape, "float32") for name in ("X", "Y", "Z")]
+    b = ir.BlockBuilder(grid=(1, 1, 1), forloop=1)
+    x, y, z = (b.input(t, imap=None, fmap=1).acc_sum() for t in ins)
+    ops = sorted(UNARY | BINARY | TERNARY, key=lambda op: op.value)
+    args = {ir.TOp.CLAMP: (-1.0, 1.0)}
+    outs = [ir.BNode(op, (x, y, z)[:1 if op in UNARY else 2 if op in BINARY else 3], args.get(op))
+            for op in ops]
+    return ops, ir.KernelGraph(b.finish([(o, (None,)) for o in outs]), ins)
+
+
+def test_every_elementwise_op_treats_special_values_as_the_interpreter_does_on_the_harness():
+    ops, graph = _every_op_graph()
+    arrays = list(_special_tiles())
+    with np.errstate(all="ignore"):
+        want = ir.interpret(graph, arrays, dtype="own")
+    got = run_on_cpu(graph, arrays)
+    for op, g, w in zip(ops, got, want):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{op.value}: NaN positions")
+        finite = np.isfinite(w)
+        np.testing.assert_array_equal(g[~finite & ~np.isnan(w)], w[~finite & ~np.isnan(w)],
+                                      err_msg=f"{op.value}: infinities")
+        np.testing.assert_allclose(g[finite], w[finite], rtol=1e-5, atol=1e-30,
+                                   err_msg=f"{op.value}: finite values")

@@ -225,3 +225,38 @@ def test_kernel_library_ops_compute_what_numpy_computes():
     outs = ir.interpret(ir.KernelGraph([node for node, _ in cases]), [data])
     for (node, expected), got in zip(cases, outs):
         np.testing.assert_allclose(got, expected, rtol=1e-12, err_msg=repr(node))
+
+
+def _halves(n=4096):
+    """Rows of +32 then -32: the sum is 0, but a 16-bit accumulator overflows on the first half
+    (2048 * 32 = 65536 > 65504) and never comes back; fp32 does not."""
+    row = np.concatenate([np.full(n // 2, 32.0), np.full(n // 2, -32.0)])
+    return np.stack([row, row]).astype(np.float16)
+
+
+def test_kernel_reductions_and_matmuls_accumulate_in_fp32_in_own_precision():
+    x = ir.input("X", (2, 4096), "float16")
+    w = ir.input("W", (4096, 8), "float16")
+    graph = ir.KernelGraph([x.sum(1), x @ w, x.rms_norm(1, 0.0)])
+    halves = _halves()
+    acc = np.float16(0)
+    with np.errstate(over="ignore"):
+        for v in halves[0]:                      # what a 16-bit accumulator gives
+            acc = np.float16(acc + v)
+    assert not np.isfinite(acc)
+    total, product, normed = ir.interpret(graph, [halves, np.ones((4096, 8), np.float16)], dtype="own")
+    assert (total == 0).all() and (product == 0).all() and (np.abs(normed) == 1).all()
+    from mugraph.codegen.library_ops import library_op   # the library calls generated code makes
+    out = np.empty((2, 1), np.float16)
+    library_op(ir.KOp.REDUCE_SUM)(np, x.sum(1), [halves], out)
+    assert (out == 0).all()
+
+
+def test_block_reductions_and_accumulators_accumulate_in_fp32_in_own_precision():
+    X = ir.input("X", (2, 4096), "float16")
+    b = ir.BlockBuilder(grid=(1, 1, 1), forloop=4)
+    x = b.input(X, imap=None, fmap=1)
+    outs = b.finish([(x.sum(1).acc_sum(), (None,)), (x.acc_sum_last(), (None,)),
+                     (x.acc_rms_last(), (None,))])
+    total, last, rms = ir.interpret(ir.KernelGraph(outs, [X]), [_halves()], dtype="own")
+    assert (total == 0).all() and (last == 0).all() and (rms == 32).all()

@@ -68,6 +68,11 @@ ELEMENTWISE = {
     "lt": lambda x, y: jnp.where(x < y, x, y), "le": lambda x, y: jnp.where(x <= y, x, y),
     "eq": lambda x, y: jnp.where(x == y, 1.0, x), "ne": lambda x, y: jnp.where(x != y, y, 2.0),
     "mask_as_float": lambda x, y: (x > y).astype(jnp.float32) * 3.0 - (x <= 0.5),
+    # XLA rewrites x * convert(mask) as select(mask, x, 0): NaN/inf of x where the mask is false
+    # give 0 under jax.jit; through a broadcast it does not, and NaN * 0 stays NaN
+    "mask_multiply": lambda x, y: x * (y > 0.5).astype(x.dtype) + (x < 0).astype(x.dtype) * y,
+    "mask_multiply_broadcast": lambda x, y: x * (jnp.arange(8) < 3).astype(x.dtype),
+    "mask_multiply_of_masks": lambda x, y: x * ((y > 0.5).astype(x.dtype) * (y < 2).astype(x.dtype)),
     "isfinite": lambda x, y: jnp.where(jnp.isfinite(x), x, -1.0),
     "isnan": lambda x, y: jnp.where(jnp.isnan(x), 0.0, x),
     "isinf": lambda x, y: jnp.where(jnp.isinf(x), 7.0, x),
@@ -88,6 +93,13 @@ ELEMENTWISE = {
     "prelu_tensor_slope": lambda x, y: jnp.where(x >= 0, x, y * x),
     "elu": lambda x, y: jax.nn.elu(x),
     "relu_by_where": lambda x, y: jnp.where(x > 0, x, 0.0),
+    "isclose": lambda x, y: jnp.where(jnp.isclose(x, y, atol=1.0), x, y),
+    "nan_to_num": lambda x, y: jnp.nan_to_num(x),
+    "heaviside": lambda x, y: jnp.heaviside(x, 0.5),
+    "softmax_where": lambda x, y: jax.nn.softmax(x, axis=-1, where=y > 0),
+    "safe_log": lambda x, y: jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), 0.0),
+    "leaky_relu_grad": lambda x, y: jax.grad(lambda a: jnp.sum(jax.nn.leaky_relu(a) * y))(x),
+    "logsumexp_grad": lambda x, y: jax.grad(lambda a: jnp.sum(jax.nn.logsumexp(a, -1)))(x),
     "hard_tanh_select": lambda x, y: jnp.where(jnp.abs(x) > 1, jnp.sign(x), x),
     "sign": lambda x, y: jnp.sign(x) * y,
 }
@@ -104,6 +116,18 @@ def test_masked_16_bit_programs_keep_their_dtype(dtype):
     graph = lifted_agrees(lambda a, b: jnp.where(a > b, jax.nn.leaky_relu(a), -jnp.inf), x, y,
                           rtol=1e-2)
     assert graph.outputs[0].dtype is ir.DType.parse(np.dtype(dtype).name)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * (jnp.arange(8) < 3).astype(x.dtype),
+    lambda x: x + 0.5 * (jnp.arange(8)[None, :] - jnp.arange(6)[:, None]).astype(x.dtype),
+    lambda x: x * (x > 0.5).astype(x.dtype),
+    lambda x: x * (jnp.arange(8) < 3000).astype(x.dtype),   # 3000 is past fp16's exact integers
+])
+def test_masks_and_indices_cast_to_16_bits_keep_the_program_16_bit(fn):
+    x = X.astype(np.float16)
+    graph = lifted_agrees(fn, x, rtol=1e-3)
+    assert graph.outputs[0].dtype is ir.DType.FLOAT16
 
 
 # ---- structures ----------------------------------------------------------------------------------
@@ -193,6 +217,9 @@ PROGRAMS = {
     "softplus_mlp": (softplus_mlp, rand(4, 8), rand(8, 16, seed=1), rand(16, 4, seed=2)),
     "where_leaky": (lambda x: jnp.where(x > 0, x, 0.3 * x), X),
     "tril": (jnp.tril, X),
+    "padding_mask_softmax": (lambda x, n: jax.nn.softmax(
+        jnp.where(jnp.arange(8)[None, :] < n[:, None], x, -jnp.inf), axis=-1),
+        rand(6, 8), np.array([1, 3, 8, 0, 5, 2], np.float32)),
     "masked_mean": (lambda x, m: jnp.sum(jnp.where(m > 0, x, 0.0), -1) / jnp.sum(m > 0, -1, x.dtype),
                     rand(6, 8), rand(6, 8, seed=3)),
 }
@@ -204,9 +231,18 @@ def test_realistic_programs_agree_with_jax_jit(name):
     lifted_agrees(fn, *arrays, rtol=1e-4)
 
 
-def test_logsumexp_keeps_its_inf_guard():
+def test_logsumexp_keeps_its_inf_guard_and_drops_the_abs_of_a_sum_of_exps():
     graph = ir.from_jax(lambda x: jax.nn.logsumexp(x, axis=-1), S((4, 8), jnp.float32))
     assert ops_of(graph)[TOp.IS_FINITE] == 1 and ops_of(graph)[TOp.SELECT] == 1
+    assert TOp.ABS not in ops_of(graph)
+
+
+@pytest.mark.parametrize("fn", [lambda x: jnp.abs(jnp.sqrt(x)), lambda x: jnp.abs(x * x),
+                                lambda x: jnp.abs(jnp.exp(x) - 1.0)])
+def test_abs_stays_where_the_value_may_be_negative_or_minus_zero(fn):
+    # sqrt(-0.0) is -0.0: abs turns it into +0.0
+    graph = lifted_agrees(fn, np.abs(X) * np.sign(X + 0.5))
+    assert TOp.ABS in ops_of(graph)
 
 
 # ---- what is still refused: typed, with the primitive, equation, source line and a hint ----------

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from mugraph import ir, testing
 from mugraph.ir import BOp
+from mugraph.verify.mutate import rewrite_block
 from tests.golden import check_golden
 
 
@@ -47,7 +48,7 @@ def test_assert_equivalent_checks_shapes_counts_and_nans():
     with pytest.raises(AssertionError, match="1 and 2 outputs"):
         testing.assert_equivalent(a, ir.KernelGraph([x @ w, x]))
     nan = ir.KernelGraph([(x @ w - 1e9).log()])  # NaN everywhere
-    testing.assert_equivalent(nan, nan)
+    testing.assert_equivalent(nan, ir.KernelGraph([(x @ w - 2e9).sqrt()]))  # NaN where nan is
     with pytest.raises(AssertionError, match="worst at .*b = nan"):
         testing.assert_equivalent(a, nan)
 
@@ -67,7 +68,10 @@ def test_assert_equivalent_accepts_block_graphs_and_named_inputs(case):
     arrays = dict(zip(case.reference.input_names, testing.random_arrays(case.reference, 3)))
     testing.assert_equivalent(case.reference, case.graph, arrays, rtol=1e-12)
     bg = case.block_graph
-    testing.assert_equivalent(bg, bg, list(arrays.values()))
+    root = bg.outputs[0].node
+    shifted, _ = rewrite_block(bg, {root: root + 1.0})
+    with pytest.raises(AssertionError, match="differs"):
+        testing.assert_equivalent(bg, shifted, list(arrays.values()))
 
 
 def test_random_arrays_follow_the_graph_inputs():

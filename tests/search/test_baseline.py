@@ -114,3 +114,22 @@ def test_the_xla_like_baseline_is_never_slower_than_the_unfused_program(name):
 def test_bad_input_is_a_typed_error():
     with pytest.raises(ir.InvalidInput):
         xla_fusions("not a graph")
+
+
+def test_a_search_summary_heads_with_the_xla_like_speedup_and_names_both_baselines():
+    from types import SimpleNamespace
+    from mugraph.search.cost import roofline
+    from mugraph.search.result import Candidate, SearchResult
+    w = workloads.get("rmsnorm_linear")
+    spec, fused = w.spec(), w.reference()
+    report = SimpleNamespace(target="h100", spec_estimate=estimate(spec), roofline=roofline(spec),
+                             verification=None)
+    result = SearchResult(fused, (Candidate(fused, estimate(fused), "1 custom kernel", "search"),),
+                          report, spec)
+    best = estimate(fused).seconds
+    assert result.speedup == pytest.approx(xla_estimate(spec, "h100").seconds / best)
+    assert result.speedup_vs_unfused == pytest.approx(estimate(spec, "h100").seconds / best)
+    assert result.speedup < result.speedup_vs_unfused     # jax.jit fuses; the unfused program does not
+    text = result.summary()
+    assert text.index("estimated speedup") < text.index("against the XLA-like baseline") \
+        < text.index("against the unfused program")

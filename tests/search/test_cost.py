@@ -352,3 +352,35 @@ def test_roofline_bounds_assorted_library_graphs(target):
         bound, est = cost.roofline(g, target), cost.estimate(g, target)
         assert bound.seconds <= est.seconds and bound.hbm_bytes <= est.hbm_bytes
         assert est.launches == sum(k.kind != "custom" for k in est.kernels)
+
+
+# ---- the calibration table ---------------------------------------------------------------------------------------
+def test_every_target_constant_comes_from_the_calibration_table_with_its_source():
+    from mugraph.codegen import calibration
+    from mugraph.search.targets import source
+    for name, t in TARGETS.items():
+        values = calibration.constants(name)
+        for f in dataclasses.fields(t):
+            if f.name in ("name", "arch"):
+                continue
+            assert getattr(t, f.name) == values[f.name], (name, f.name)
+            assert source(name, f.name), (name, f.name)
+    assert "measured here" in source("h200", "hbm_efficiency") and "lead" in source("h100", "loaded_latency_s")
+
+
+def test_a_calibration_run_rewrites_the_table_the_model_reads(tmp_path, monkeypatch):
+    from mugraph.codegen import calibration
+    table = tmp_path / "calibration.json"
+    table.write_text(calibration.DEFAULT_PATH.read_text())
+    calibration.updated("h200", {"hbm_efficiency": 0.8}, "measured by a test", path=table)
+    monkeypatch.setenv("MUGRAPH_CALIBRATION", str(table))
+    calibration.reload()
+    try:
+        assert calibration.constants("h200")["hbm_efficiency"] == 0.8
+        assert calibration.source("h200", "hbm_efficiency") == "measured by a test"
+        with pytest.raises(InvalidInput, match="not a constant"):
+            calibration.updated("h200", {"warp_speed": 1.0}, "no", path=table)
+    finally:
+        monkeypatch.delenv("MUGRAPH_CALIBRATION")
+        calibration.reload()
+    assert calibration.constants("h200")["hbm_efficiency"] == TARGETS["h200"].hbm_efficiency

@@ -32,3 +32,19 @@ def test_unknown_program_is_a_typed_error_naming_the_choices():
     from mugraph.errors import InvalidInput
     with pytest.raises(InvalidInput, match="layernorm_linear"):
         generality.get("no_such_program")
+
+
+@pytest.mark.parametrize("name", generality.names())
+def test_the_xla_like_baseline_is_never_slower_than_the_unfused_program(name):
+    from mugraph.search.baseline import xla_estimate
+    from mugraph.search.cost import estimate
+    spec = generality.get(name).small().spec()
+    xla, unfused = xla_estimate(spec), estimate(spec)
+    assert xla.launches <= unfused.launches and xla.seconds <= unfused.seconds * (1 + 1e-9)
+
+
+def test_a_reduction_without_keepdims_is_one_kernel_in_the_xla_like_baseline():
+    """jnp.max(y, axis=0) lifts as reduce_max(keepdim) + reshape; the reshape is XLA's bitcast."""
+    from mugraph.search.baseline import xla_fusions
+    spec = generality.get("max_over_rows_linear").small().spec()
+    assert [f.kind for f in xla_fusions(spec)] == ["gemm", "reduction"]

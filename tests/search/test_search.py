@@ -42,7 +42,7 @@ def test_config_is_frozen_and_round_trips_through_json():
     (dict(max_block_ops=-1), "max_block_ops=-1"),
     (dict(budget_seconds=0), "budget_seconds=0 must be a positive"),
     (dict(budget_seconds=float("inf")), "budget_seconds=inf"),
-    (dict(workers=0), "workers=0 must be an integer >= 1"),
+    (dict(workers=0), "workers=0 must be a whole number >= 1"),
     (dict(max_kernel_ops=1.5), "max_kernel_ops=1.5"),
     (dict(budget_states=True), "budget_states=True"),
 ])
@@ -104,7 +104,8 @@ def test_report_counts_and_summary():
     assert rep.states > 0 and rep.verified > 0 and sum(rep.pruned.values()) > 0
     text = result.summary()
     for needle in ("stop reason: exhausted", "states visited", "pruned:", "winner:",
-                   "roofline bound", "estimated speedup", "EQUIVALENT"):
+                   "roofline bound", "estimated speedup", "against the XLA-like baseline",
+                   "against the unfused program", "EQUIVALENT"):
         assert needle in text
     assert [c.seconds for c in result.candidates] == sorted(c.seconds for c in result.candidates)
 
@@ -152,7 +153,7 @@ def test_a_large_program_stays_within_the_budget():
     spec = ir.from_jax(lambda x, w: jnp.exp(x @ w), *BIG)
     started = time.monotonic()
     result = search(spec, SearchConfig(budget_seconds=8.0), **QUIET)
-    assert time.monotonic() - started < 8.0 + 3.0
+    assert time.monotonic() - started < 8.0 + 6.0      # was 400 s and 7.9 GB before the bound
     assert result.report.verification.equivalent
 
 

@@ -10,13 +10,19 @@ import numpy as np
 from mugraph import ir
 from mugraph.codegen import run_on_cpu
 from mugraph.ir import BOp, KOp, TOp
+from mugraph.ir.thread import ops_of
 from mugraph.search import SearchConfig, search
 
 QUIET = dict(progress=lambda *a: None)
 
 
 def _block_ops(graph) -> set:
-    return {n.op for bg, _ in graph.custom_ops() for n in bg.nodes}
+    """Every op of the custom kernels, thread graphs (register epilogues) included."""
+    found = set()
+    for bg, _ in graph.custom_ops():
+        for n in bg.nodes:
+            found |= {t.op for t in ops_of(n.arg)} if n.op is BOp.THREAD else {n.op}
+    return found
 
 
 def _fused(result) -> None:

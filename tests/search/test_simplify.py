@@ -24,7 +24,10 @@ def softmax(x):
 
 
 def _block_ops(graph) -> list:
-    return [n.op for bg, _ in graph.custom_ops() for n in bg.nodes]
+    """Every block op, the ops inside thread graphs included."""
+    from mugraph.ir.thread import ops_of
+    return [t.op for bg, _ in graph.custom_ops() for n in bg.nodes
+            for t in (ops_of(n.arg) if n.op is BOp.THREAD else [n])]
 
 
 def _row_kernel(X, body, extra=()):
@@ -54,6 +57,18 @@ def test_the_redundant_softmax_shift_becomes_one_subtraction_and_keeps_masked_ro
     want = ir.interpret(spec, [x])[0]
     np.testing.assert_allclose(ir.interpret(simpler, [x])[0], want, rtol=1e-12)
     assert np.isnan(ir.interpret(redundant, [x])[0][3]).any()
+    assert check(spec, simpler, seed=0).equivalent
+
+
+def test_redundancy_inside_a_thread_graph_is_removed_too():
+    from mugraph.ir.thread import fuse_threads
+    spec = ir.from_jax(softmax, ROWS)
+    redundant = _row_kernel(spec.inputs[0], _redundant_softmax)
+    (bg, srcs), = redundant.custom_ops()
+    threaded = ir.KernelGraph([ir.KNode(ir.KOp.CUSTOM, srcs, (fuse_threads(bg), 0))], spec.inputs)
+    assert any(n.op is BOp.THREAD for n in threaded.custom_ops()[0][0].nodes)
+    simpler, fired = simplify(threaded)
+    assert "share-equal-values" in fired and _block_ops(simpler).count(TOp.SUB) == 1
     assert check(spec, simpler, seed=0).equivalent
 
 

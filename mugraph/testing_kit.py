@@ -1,0 +1,398 @@
+"""Testing an emitted kernel against `jax.jit(fn)` in a user's CI: Hypothesis strategies of inputs
+with IEEE special values (±inf, NaN, masked rows, values near the dtype's limits, subnormals) that
+shrink to the smallest failing case, and `assert_kernel_matches`. Re-exported by `mugraph.testing`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings as hypothesis_settings, strategies as st
+
+from mugraph.ir.errors import InvalidInput, NoDevice
+
+SPECIAL_VALUES = ("nan", "inf", "-inf", "max", "-max", "subnormal", "-0")
+REGIMES = ("normal", "large", "subnormal")   # the first is where shrinking ends
+MAX_SPECIALS = 4
+BACKENDS = ("harness", "cuda", "reference", "auto")
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}   # as the float test's own mode
+SHOWN = 4   # positions listed per kind in a failure message
+
+
+# ---- values ----------------------------------------------------------------------------------------
+def special_value(name: str, dtype) -> float:
+    """One named IEEE value in `dtype` ("max": its largest finite value; "subnormal": a quarter of
+    its smallest normal)."""
+    info = np.finfo(dtype)
+    table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "max": float(info.max),
+             "-max": -float(info.max), "subnormal": float(info.smallest_normal) / 4, "-0": -0.0}
+    if name not in table:
+        raise InvalidInput(f"unknown special value {name!r}", hint=f"use one of {SPECIAL_VALUES}")
+    return table[name]
+
+
+def _base(rng, shape, dtype, regime: str, scale: float, large: float | None) -> np.ndarray:
+    """The finite background: N(0, 1)·scale; near the dtype's limit (positive, large·(0.75..1.25)
+    as the float test's `large` case, default max/2); or N(0, 1) scaled into the subnormals."""
+    info = np.finfo(dtype)
+    if regime == "large":
+        top = float(info.max) / 2 if large is None else large
+        values = top * (0.75 + 0.5 * rng.random(shape))
+        values = np.minimum(values, float(info.max))
+    elif regime == "subnormal":
+        values = rng.standard_normal(shape) * float(info.smallest_normal) / 4
+    else:
+        values = rng.standard_normal(shape) * scale
+    return values.astype(dtype)
+
+
+# ---- strategies ------------------------------------------------------------------------------------
+def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
+                large: float | None = None, specials: bool = True, masked_rows: bool = True,
+                mask_dim: int | None = None, regimes=REGIMES,
+                subnormals: bool = True) -> st.SearchStrategy:
+    """Arrays of `shape` and `dtype`: a seeded finite background in a drawn regime (normal, near
+    the dtype's limit, subnormal), up to MAX_SPECIALS special values (SPECIAL_VALUES) at drawn
+    positions and, for rank >= 2, maybe one masked row (-inf along `mask_dim`, the dim a softmax
+    reduces; drawn when None). Built from Hypothesis primitives, so a failing example shrinks
+    toward seed 0, the normal regime, no masked row, fewer specials at the first positions.
+
+    `large`: the magnitude of the "large" regime (default max/2; `kernel_inputs` sizes it per
+    input as the float test does). `subnormals=False` leaves out the subnormal regime and value.
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(d) for d in shape)
+    size = int(np.prod(shape, dtype=np.int64))
+    regimes = tuple(r for r in regimes if subnormals or r != "subnormal") or ("normal",)
+    names = tuple(v for v in SPECIAL_VALUES if subnormals or v != "subnormal")
+    overlay = st.lists(st.tuples(st.integers(0, size - 1), st.sampled_from(names)),
+                       max_size=MAX_SPECIALS) if specials and size else st.just([])
+    mask = st.none()
+    if masked_rows and len(shape) >= 2:
+        dims = st.just(mask_dim % len(shape)) if mask_dim is not None else \
+            st.integers(0, len(shape) - 1)
+        mask = st.none() | st.tuples(dims, st.tuples(*(st.integers(0, n - 1) for n in shape)))
+    parts = st.tuples(st.integers(0, 2**16 - 1), st.sampled_from(regimes), overlay, mask)
+    return parts.map(lambda p: _array(shape, dtype, scale, large, *p))
+
+
+def _array(shape, dtype, scale, large, seed, regime, overlay, mask) -> np.ndarray:
+    a = _base(np.random.default_rng(seed), shape, dtype, regime, scale, large)
+    flat = a.reshape(-1)
+    for index, name in overlay:
+        flat[index] = special_value(name, dtype)
+    if mask is not None:
+        dim, where = mask
+        where = list(where)
+        where[dim] = slice(None)
+        a[tuple(where)] = -np.inf
+    return a
+
+
+def kernel_inputs(kernel, **options) -> st.SearchStrategy:
+    """Input lists for a Kernel (or a KernelGraph), each array in its input's shape and dtype.
+
+    What the spec does with each input places the values as the float test does
+    (`verify.special_values`): the "large" regime is sized by the first sum or matmul the input
+    reaches (`large_value`), and masked rows run along the dim of the softmax the input reaches
+    (`softmax_reach`). `options` go to `ieee_arrays` for every input."""
+    from mugraph.verify.special_values import large_value, softmax_reach
+    graph = getattr(kernel, "graph", kernel)
+    spec = getattr(kernel, "spec", graph)
+    strategies = []
+    for node in graph.inputs:
+        twin = next((n for n in spec.inputs if n.arg[0] == node.arg[0]), None)
+        placed = {}
+        if twin is not None:
+            placed = {"large": large_value(spec, twin)[0], "mask_dim": softmax_reach(spec, twin)}
+        strategies.append(ieee_arrays(node.shape, node.dtype.numpy, **(placed | options)))
+    return st.tuples(*strategies).map(list)
+
+
+# ---- the assertion ---------------------------------------------------------------------------------
+def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, examples: int = 20,
+                          rtol: float | None = None, scale: float = 1.0, settings=None,
+                          **options) -> None:
+    """Run the emitted kernel and `jax.jit(fn)` on Hypothesis-drawn inputs (`kernel_inputs`);
+    raise AssertionError on the smallest input found where they disagree, naming the output,
+    where it differs, both values and what the input holds.
+
+    `kernel`: a Kernel (from `superoptimize`) or a KernelGraph. `backend`: "harness" runs the
+    generated CUDA on the CPU harness (`mugraph.codegen.run_on_cpu`), "cuda" on the GPU (CuPy;
+    NoDevice without one), "reference" runs the μGraph with the reference interpreter in its own
+    dtypes (no compiler: fast, but not the emitted code), "auto" the GPU where there is one.
+
+    Agreement, per output, with the kernel's output rounded to the dtype `fn` returns: where
+    jax.jit(fn) is NaN or ±inf and `fn` run in float64 is the same, the kernel must be exactly
+    that; where jax.jit(fn) is finite and within `rtol` of the float64 run, the kernel must be
+    finite and within `rtol` of it too (relative to the output's largest finite magnitude, plus
+    the dtype's smallest normal: subnormal differences and XLA's flushing of them on a CPU do not
+    count). Default `rtol` by dtype: 1e-4 float32, 1e-2 float16/bfloat16. Elsewhere jax.jit(fn)
+    itself lost range or precision in its own dtypes (an fp16 x*x that overflowed, an exp that
+    underflowed to 0 and met an inf): no kernel is held to its answer there, and a failure
+    message counts those elements. This is the float test's rule (`verify.float_diff`).
+
+    `scale`: the spread of the ordinary inputs, halved (up to 8 times) until jax.jit(fn) agrees
+    with its float64 run on them (a softmax without max shift overflows fp16 at unit scale);
+    VerificationError if it never does. `examples`: how many inputs to draw; `settings`: a
+    hypothesis.settings to use instead (the current profile otherwise, e.g. derandomised in CI);
+    `options` go to `ieee_arrays` (e.g. `regimes=("normal",)`, `masked_rows=False`).
+    """
+    if not callable(fn):
+        raise InvalidInput(f"assert_kernel_matches takes the JAX function first, got "
+                           f"{type(fn).__name__}", hint="assert_kernel_matches(fn, kernel)")
+    kernel = _as_kernel(kernel)
+    run = _runner(kernel, backend)
+    _check_interface(fn, kernel)
+    program = Program(fn)
+    scale = usable_scale(program, kernel, scale, rtol)
+    config = settings or hypothesis_settings(
+        max_examples=examples, deadline=None,
+        phases=tuple(p for p in Phase if p is not Phase.explain),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    names = kernel.graph.input_names
+
+    @config
+    @given(kernel_inputs(kernel, scale=scale, **options))
+    def check(arrays):
+        own, exact = program(arrays)
+        for i, (o, e, g) in enumerate(zip(own, exact, run(arrays))):
+            mismatch = output_mismatch(o, g, _rtol(rtol, o), exact=e)
+            if mismatch:
+                raise AssertionError(f"output {i} of the kernel ({backend}) differs from "
+                                     f"jax.jit(fn): {mismatch}\n  on this input (the smallest "
+                                     f"Hypothesis found):\n{describe(arrays, names)}")
+
+    check()
+
+
+class Program:
+    """`fn` as jax.jit runs it, beside `fn` run in float64 (inputs widened exactly): what tells
+    where jax.jit's own dtypes lost range or precision."""
+
+    def __init__(self, fn: Callable):
+        import jax
+        self.own, self.exact = jax.jit(fn), jax.jit(fn)
+
+    def __call__(self, arrays) -> tuple[list, list]:
+        import jax
+        leaves = jax.tree_util.tree_leaves
+        own = [np.asarray(o) for o in leaves(self.own(*arrays))]
+        with jax.enable_x64(True):
+            wide = [np.asarray(a, np.float64) for a in arrays]
+            exact = [np.asarray(o, np.float64) for o in leaves(self.exact(*wide))]
+        return own, exact
+
+
+def usable_scale(program: Program, kernel, scale: float, rtol: float | None = None) -> float:
+    """`scale`, halved until jax.jit(fn) holds everywhere on ordinary inputs (seed 0, N(0, 1) ·
+    scale, no special values): else no kernel could be held to it."""
+    from mugraph.ir.errors import VerificationError
+    for _ in range(8):
+        arrays = [_array(n.shape, n.dtype.numpy, scale, None, 0, "normal", [], None)
+                  for n in kernel.graph.inputs]
+        own, exact = program(arrays)
+        if all(Held.of(o, e, _rtol(rtol, o)).lost == 0 for o, e in zip(own, exact)):
+            return scale
+        scale /= 2
+    raise VerificationError(f"jax.jit(fn) does not agree with fn run in float64 even on N(0, 1) "
+                            f"inputs scaled by {scale * 2:g}: its own dtypes lose range or "
+                            f"precision, so there is nothing to hold the kernel to",
+                            hint="compute fn in float32, or pass rtol= to allow more")
+
+
+def _rtol(rtol: float | None, out) -> float:
+    return rtol if rtol is not None else _tolerance(np.asarray(out).dtype)
+
+
+def _tolerance(dtype) -> float:
+    return TOLERANCE.get(np.dtype(dtype).name, 1e-2)
+
+
+def _as_kernel(kernel):
+    from mugraph.api import Kernel
+    from mugraph.ir.graph import KernelGraph
+    if isinstance(kernel, KernelGraph):
+        return Kernel(kernel, kernel)
+    if not isinstance(kernel, Kernel):
+        raise InvalidInput(f"assert_kernel_matches takes a Kernel or a KernelGraph, got "
+                           f"{type(kernel).__name__}",
+                           hint="pass what mugraph.superoptimize returned, or kernel.graph")
+    return kernel
+
+
+def _runner(kernel, backend: str) -> Callable:
+    """A function from input arrays to the kernel's outputs (NumPy) on `backend`."""
+    if backend not in BACKENDS:
+        raise InvalidInput(f"unknown backend {backend!r}", hint=f"use one of {BACKENDS}")
+    from mugraph.codegen.runtime_cupy import gpu_available, require_gpu
+    if backend == "auto":
+        backend = "cuda" if gpu_available() else "harness"
+    if backend == "harness":
+        return _harness(kernel.graph)
+    if backend == "reference":
+        from mugraph.ir.interpret import interpret
+        return lambda arrays: interpret(kernel.graph, arrays, dtype="own")
+    try:
+        require_gpu()
+    except NoDevice as e:
+        raise NoDevice(f"assert_kernel_matches(backend='cuda') needs a GPU: {e}",
+                       hint="use backend='harness' (the generated CUDA on the CPU) or 'auto'") \
+            from None
+    import cupy
+
+    def on_gpu(arrays):
+        outs = kernel(*arrays)
+        return [cupy.asnumpy(o) for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
+
+    return on_gpu
+
+
+def _harness(graph) -> Callable:
+    """`mugraph.codegen.run_on_cpu(graph, arrays)` with the CUDA generated and built once, not per
+    drawn input (a shrinking run calls it hundreds of times)."""
+    from mugraph.codegen.run_cpu import bind_inputs, build_cpu, generate, run_plan
+    module = generate(graph, "sm_80")
+    customs = list(dict.fromkeys(k.name for k in module.plan.kernels if k.kind == "custom"))
+    cpu = build_cpu(module.source, customs) if customs else None
+    return lambda arrays: run_plan(module, cpu, bind_inputs(graph, arrays))
+
+
+def _check_interface(fn, kernel) -> None:
+    """`fn` takes the kernel's inputs and returns as many outputs, of the same shapes."""
+    import jax
+    args = [jax.ShapeDtypeStruct(n.shape, n.dtype.numpy) for n in kernel.graph.inputs]
+    try:
+        outs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))
+    except Exception as e:
+        inputs = [f"{n.arg[0]}: {n.dtype.short}{list(n.shape)}" for n in kernel.graph.inputs]
+        raise InvalidInput(f"fn cannot run on the kernel's inputs {inputs}: {type(e).__name__}: {e}",
+                           hint="pass the function the kernel was made from") from None
+    want = [tuple(o.shape) for o in outs]
+    have = [tuple(o.shape) for o in kernel.graph.outputs]
+    if want != have:
+        raise InvalidInput(f"fn returns outputs of shapes {want}, the kernel {have}",
+                           hint="pass the function the kernel was made from")
+
+
+# ---- comparing one output --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Held:
+    """What one output of the kernel is held to: jax.jit's output `own` where it agrees with `exact`
+    (fn in float64): `right` (finite, within rtol·scale + tiny of exact) or the same NaN / ±inf."""
+
+    own: np.ndarray        # float64 copies of jax.jit's output and of the float64 run
+    exact: np.ndarray
+    right: np.ndarray
+    special: np.ndarray
+    scale: float           # the largest finite magnitude of the exact output
+    tiny: float            # the output dtype's smallest normal: below it, no relative precision
+    rtol: float
+
+    @classmethod
+    def of(cls, own, exact, rtol: float) -> "Held":
+        own = np.asarray(own)
+        tiny = float(np.finfo(own.dtype).smallest_normal) \
+            if np.issubdtype(own.dtype, np.floating) else 0.0
+        o, e = np.asarray(own, np.float64), np.asarray(exact, np.float64)
+        with np.errstate(all="ignore"):
+            finite = np.isfinite(o) & np.isfinite(e)
+            scale = max(float(np.max(np.abs(e[finite]), initial=0.0)), tiny)
+            right = finite & (np.abs(np.where(finite, o - e, 0.0)) <= rtol * scale + tiny)
+        special = ~np.isfinite(o) & _same(o, e)
+        return cls(o, e, right, special, scale, tiny, rtol)
+
+    @property
+    def lost(self) -> int:
+        """Elements not compared: jax.jit lost range or precision there."""
+        return int((~(self.right | self.special)).sum())
+
+    def wrong(self, got) -> np.ndarray:
+        """Where `got` (float64) breaks what is held."""
+        with np.errstate(all="ignore"):
+            off = np.abs(np.where(self.right, got - self.exact, 0.0))
+            close = np.isfinite(got) & (off <= self.rtol * self.scale + self.tiny)
+        return (self.special & ~_same(got, self.own)) | (self.right & ~close)
+
+
+def _same(a, b) -> np.ndarray:
+    return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def output_mismatch(want, got, rtol: float, exact=None) -> str:
+    """How `got` (the kernel's output) fails to match `want` (jax.jit's), or "" where it matches.
+
+    `got` is rounded to `want`'s dtype first. With `exact` (fn run in float64), elements where
+    `want` lost range or precision are not compared (see `assert_kernel_matches`); without it,
+    every element is: NaN and ±inf exactly where `want` has them, finite values within
+    rtol·scale + the dtype's smallest normal (scale: `want`'s largest finite magnitude)."""
+    want, got = np.asarray(want), np.asarray(got)
+    exact = want if exact is None else np.asarray(exact)
+    if got.shape != want.shape or exact.shape != want.shape:
+        return f"its shape is {got.shape}, jax.jit's is {want.shape}"
+    held = Held.of(want, exact, rtol)
+    with np.errstate(all="ignore"):
+        g = np.asarray(got.astype(want.dtype), np.float64)
+    wrong = held.wrong(g)
+    return _message(held, g, wrong) if wrong.any() else ""
+
+
+def _message(held: Held, g, wrong) -> str:
+    o, e = held.own, held.exact
+    first = tuple(int(i) for i in np.argwhere(wrong)[0])
+    with np.errstate(all="ignore"):
+        error = np.where(held.right & np.isfinite(g), np.abs(g - e), 0.0) / held.scale
+    worst = _at(np.unravel_index(int(np.argmax(error)), error.shape))
+    what = f"relative error {error.max():.3g} > {held.rtol:g} (largest at {worst})" \
+        if np.isfinite(g[first]) and held.right[first] else "a non-finite value out of place"
+    exact_note = f" (float64 {float(e[first])!r})" if held.right[first] and e[first] != o[first] \
+        else ""
+    spots = ", ".join(f"{_at(p)} kernel {float(g[tuple(p)])!r} / jax {float(o[tuple(p)])!r}"
+                      for p in np.argwhere(wrong)[:SHOWN])
+    lost = (f"\n  not compared: {held.lost} elements where jax.jit(fn) is off fn in float64 "
+            f"(range or precision lost in its own dtypes)") if held.lost else ""
+    return (f"{what}; {int(wrong.sum())} of {o.size} elements differ, first at {_at(first)}: "
+            f"kernel {float(g[first])!r}, jax.jit {float(o[first])!r}{exact_note}\n"
+            f"  differing: {spots}{' ...' if wrong.sum() > SHOWN else ''}{lost}")
+
+
+def _at(index) -> str:
+    return "(" + ", ".join(str(int(i)) for i in index) + ")"
+
+
+# ---- describing an input ---------------------------------------------------------------------------
+def describe(arrays, names=None) -> str:
+    """One line per input array: shape and dtype, its largest finite magnitude, subnormals,
+    masked rows (-inf along a whole dim) and where its other NaN and ±inf values are."""
+    names = names or [f"#{k}" for k in range(len(arrays))]
+    return "\n".join(f"    {name}: {_describe_one(np.asarray(a))}" for name, a in zip(names, arrays))
+
+
+def _describe_one(a) -> str:
+    x = np.asarray(a, np.float64)
+    info = np.finfo(a.dtype) if np.issubdtype(a.dtype, np.floating) else None
+    finite = np.abs(x[np.isfinite(x)])
+    parts = [f"{a.dtype}{list(a.shape)}, max |finite| {finite.max(initial=0.0):.3g}"
+             + (f" (the dtype's max is {float(info.max):.3g})" if info is not None else "")]
+    if info is not None:
+        tiny = int(np.sum((finite > 0) & (finite < float(info.smallest_normal))))
+        if tiny:
+            parts.append(f"{tiny} subnormal")
+    masked = np.zeros(x.shape, bool)
+    for dim in range(x.ndim if x.ndim >= 2 else 0):
+        rows = np.all(np.isneginf(x), axis=dim, keepdims=True)
+        for p in np.argwhere(rows[(...,)])[:SHOWN]:
+            parts.append("masked row " + _row(p, dim) + " = -inf")
+        masked |= np.broadcast_to(rows, x.shape)
+    for label, where in (("NaN", np.isnan(x)), ("+inf", np.isposinf(x)),
+                         ("-inf", np.isneginf(x) & ~masked)):
+        spots = np.argwhere(where)
+        if len(spots):
+            more = f" (+{len(spots) - SHOWN} more)" if len(spots) > SHOWN else ""
+            parts.append(f"{label} at " + ", ".join(_at(p) for p in spots[:SHOWN]) + more)
+    return "; ".join(parts)
+
+
+def _row(position, dim: int) -> str:
+    return "[" + ", ".join(":" if d == dim else str(int(i)) for d, i in enumerate(position)) + "]"
