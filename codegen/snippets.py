@@ -8,8 +8,8 @@ import numpy as np
 
 from mugraph.ir.ops import TOp
 
-# Templates over fp32 operands {0} (and {1}); {lo}/{hi} are clamp's bounds. Helpers (below) keep operands that
-# appear twice from being evaluated twice.
+# Templates over fp32 operands {0} (and {1}); {lo}/{hi} are clamp's bounds, {to} a cast's dtype. Helpers
+# (below) keep operands that appear twice from being evaluated twice.
 ELEMENTWISE_C: Mapping[TOp, str] = {
     TOp.EXP: "mg_exp({0})",
     TOp.LOG: "mg_log({0})",
@@ -45,6 +45,7 @@ ELEMENTWISE_C: Mapping[TOp, str] = {
     TOp.NE: "({0} != {1} ? 1.0f : 0.0f)",
     TOp.IS_FINITE: "mg_isfinite({0})",
     TOp.SELECT: "({0} != 0.0f ? {1} : {2})",  # a true select: the branch not taken cannot leak a NaN
+    TOp.CAST: "mg_cast_{to}({0})",  # the fp32 register value rounded to the target dtype (and back)
 }
 
 # Device helpers the generated file defines after its include, emitted only when used.
@@ -77,6 +78,9 @@ HELPERS: Mapping[str, str] = {
                     "inline float mg_softplus(float x) "
                     "{ return std::fmax(x, 0.0f) + std::log1p(std::exp(-std::fabs(x))); }\n#endif"),
     "mg_leaky_relu": "MG_DEVICE float mg_leaky_relu(float x, float s) { return x >= 0.0f ? x : s * x; }",
+    "mg_cast_f16": "MG_DEVICE float mg_cast_f16(float x) { return mg_h2f(mg_f2h(x)); }",
+    "mg_cast_bf16": "MG_DEVICE float mg_cast_bf16(float x) { return mg_b2f(mg_f2b(x)); }",
+    "mg_cast_f32": "MG_DEVICE float mg_cast_f32(float x) { return x; }",
     "mg_isfinite": "MG_DEVICE float mg_isfinite(float x) { return x - x == 0.0f ? 1.0f : 0.0f; }",
     "mg_ninf": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }\n"
                 "#else\ninline float mg_ninf() { return -HUGE_VALF; }\n#endif"),
@@ -85,7 +89,8 @@ HELPERS: Mapping[str, str] = {
 
 def elementwise(op: TOp, args, arg=None) -> str:
     """The C expression of ``op`` applied to fp32 expressions ``args``."""
-    extra = {"lo": literal(arg[0]), "hi": literal(arg[1])} if op is TOp.CLAMP else {}
+    extra = {"lo": literal(arg[0]), "hi": literal(arg[1])} if op is TOp.CLAMP else \
+        {"to": arg.short} if op is TOp.CAST else {}
     return ELEMENTWISE_C[op].format(*args, **extra)
 
 

@@ -95,7 +95,7 @@ def _every_op_graph(shape=(16, 64)):
     b = ir.BlockBuilder(grid=(1, 1, 1), forloop=1)
     x, y, z = (b.input(t, imap=None, fmap=1).acc_sum() for t in ins)
     ops = sorted(UNARY | BINARY | TERNARY, key=lambda op: op.value)
-    args = {ir.TOp.CLAMP: (-1.0, 1.0)}
+    args = {ir.TOp.CLAMP: (-1.0, 1.0), ir.TOp.CAST: ir.DType.FLOAT16}
     outs = [ir.BNode(op, (x, y, z)[:1 if op in UNARY else 2 if op in BINARY else 3], args.get(op))
             for op in ops]
     return ops, ir.KernelGraph(b.finish([(o, (None,)) for o in outs]), ins)
