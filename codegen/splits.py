@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from mugraph.codegen import loops, values
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
-from mugraph.codegen.layouts import Frag, Rows, prod
+from mugraph.codegen.layouts import Frag, Rows, prod, same_rows
 from mugraph.codegen.placement import describe
 from mugraph.ir.ops import RESCALE_ACCUMULATORS
 
@@ -61,15 +61,10 @@ def _layout(lw: Lowering, accs: list) -> tuple[list, int]:
     return entries, offset
 
 
-def _rows_of(layout):
-    frag = layout.frag if isinstance(layout, Rows) else layout
-    return frag.batch, frag.m, frag.warps, frag.wb, frag.wm, frag.wn
-
-
 def _same_rows(max_layout, layout) -> bool:
     """A Rows value whose threads hold, in the same row slots, the rows ``layout``'s threads hold."""
     return isinstance(max_layout, Rows) and isinstance(layout, (Frag, Rows)) and \
-        _rows_of(max_layout) == _rows_of(layout)
+        same_rows(max_layout.frag, layout.frag if isinstance(layout, Rows) else layout)
 
 
 def _row_slot(layout) -> str:

@@ -24,7 +24,7 @@ from mugraph.ir.ops import ACCUMULATORS, BLOCK_REDUCE, TOp
 # ---- the plan --------------------------------------------------------------------------------------------------
 
 def test_plan_of_a_two_kernel_graph():
-    g = workloads.get("gqa").small().reference()
+    g = workloads.split_kv_two_launches(workloads.get("gqa").small_shapes, lambda q, k: q @ k, online=False)
     m = generate(g)
     assert isinstance(m.plan, LaunchPlan)
     assert [k.kind for k in m.plan.kernels] == ["custom", "custom"]

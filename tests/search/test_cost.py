@@ -421,3 +421,25 @@ def test_a_compute_heavy_loop_on_few_blocks_splits_over_more_ctas_than_streaming
     streaming = choose_splits(*args)
     assert s.splits == choose_splits(*args, trip_flops(bg), _loop_hbm_bytes(bg), 4) > streaming
     assert trip_flops(bg) == 2 * (2 * 256 * 64 * 64)
+
+
+@pytest.mark.parametrize("name", ["gqa", "gqa_safe", "qknorm_gqa"])
+def test_the_attention_references_use_the_tiling_the_model_ranks_first(name):
+    """workloads.ATTENTION_TILING is what the model (h200, CUDA-graph launches) prefers among the one-launch
+    tilings (rows 16-128 per block, value columns whole / halved / quartered, 32-128 keys per trip) and the
+    two-launch FlashDecoding form: a reference that went stale would fail here."""
+    import itertools
+    from mugraph import workloads
+    w = workloads.get(name)
+    scores = workloads._qknorm_scores if name == "qknorm_gqa" else workloads._plain_scores
+    online = name == "gqa_safe"
+
+    def seconds(graph):
+        return cost.estimate(graph, "h200", cuda_graph=True).seconds
+    chosen = seconds(w.reference())
+    others = [seconds(workloads.split_kv_two_launches(w.shapes, scores, online))]
+    for rows, cols, keys in itertools.product((16, 32, 64, 128), (16, 32, 64), (32, 64, 128)):
+        graph = workloads.decode_attention(w.shapes, scores, online, workloads.DecodeTiling(rows, cols, keys))
+        if cost.fits(graph.nodes[-1].arg[0], "h200"):
+            others.append(seconds(graph))
+    assert chosen <= min(others)
