@@ -11,9 +11,11 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
-* compute-heavy loops: when the CTAs of that choice would spend longer on tensor-core work than on streaming
-  their bytes, more splits (never fewer) put more SMs to work, as long as the busiest SM's share of the products
-  plus the combine's tail (the hand-over and the last CTA's read of every partial) shrinks.
+* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first:
+  the larger of its share of the products (at the mma.sync rate, scaled down when it holds fewer warps than
+  processing blocks), of the bytes it pulls from L2 and of the loop's HBM bytes at the rate its bytes in flight
+  sustain, plus the combine's tail (the hand-over and the last CTA's read of every partial). More CTAs put more
+  SMs to work; more partials lengthen the tail.
 * stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
   at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
   below two).

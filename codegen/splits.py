@@ -2,10 +2,12 @@
 accumulators' partial state to a scratch buffer and counts itself in; the CTA that counts last combines every
 partial, in split order (so the result does not depend on which CTA finishes last), then runs the epilogue.
 
-Each thread publishes the registers it holds (its accumulators' register image), so the combining CTA reads
-exactly the elements each of its threads needs; a rescaling accumulator (online softmax) also publishes its
-running max at each of its elements, so partials relative to different maxima combine exactly:
-acc = sum_s acc_s * exp(m_s - max_s m_s).
+Each thread publishes the registers it holds (its accumulators' register image; one image per quad for row
+values, which the 4 lanes of a quad share), so the combining CTA reads exactly the elements each of its threads
+needs; a rescaling accumulator (online softmax) combines with each partial's running max, so partials relative
+to different maxima combine exactly: acc = sum_s acc_s * exp(m_s - max_s m_s). The max is read from the running
+max accumulator's own image when that holds the same rows in the same threads (one float per row), else
+published beside the accumulator at each of its elements.
 """
 from __future__ import annotations
 
