@@ -54,7 +54,16 @@ HELPERS: Mapping[str, str] = {
     "mg_sigmoid": "MG_DEVICE float mg_sigmoid(float x) { return 1.0f / (1.0f + mg_exp(-x)); }",
     "mg_silu": "MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }",
     "mg_gelu": "MG_DEVICE float mg_gelu(float x) { return 0.5f * x * (1.0f + mg_erf(x * 0.707106781f)); }",
-    "mg_bf16_lo": "MG_DEVICE mg_bf16 mg_bf16_lo(float x) { return mg_f2b(x - mg_b2f(mg_f2b(x))); }",
+    # the bf16 split of an fp32 operand (three tensor-core products, codegen/mma.py): hi rounds to nearest but
+    # saturates where a finite x would round to inf; lo is the rest, 0 where x is inf or NaN (so hi keeps it);
+    # a cross product reads hi through mg_bf16x2_finite, so an inf operand never meets a 0 residual (inf * 0)
+    "mg_bf16_hi": ("MG_DEVICE mg_bf16 mg_bf16_hi(float x) { const mg_bf16 b = mg_f2b(x); "
+                   "return (x - x == 0.0f && (b & 0x7fffu) == 0x7f80u) ? (mg_bf16)(b - 1u) : b; }"),
+    "mg_bf16_lo": ("MG_DEVICE mg_bf16 mg_bf16_lo(float x) { "
+                   "return x - x == 0.0f ? mg_f2b(x - mg_b2f(mg_bf16_hi(x))) : (mg_bf16)0; }"),
+    "mg_bf16x2_finite": ("MG_DEVICE unsigned mg_bf16x2_finite(unsigned r) { "
+                         "return r & ((r & 0x7f80u) == 0x7f80u ? 0xffff0000u : 0xffffffffu) "
+                         "& ((r & 0x7f800000u) == 0x7f800000u ? 0x0000ffffu : 0xffffffffu); }"),
     "mg_pow": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_pow(float x, float y) { return powf(x, y); }\n#else\n"
                "inline float mg_pow(float x, float y) { return std::pow(x, y); }\n#endif"),
     "mg_fabs": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_fabs(float x) { return fabsf(x); }\n#else\n"
@@ -86,8 +95,14 @@ def elementwise(op: TOp, args, arg=None) -> str:
 
 
 def helpers_in(text: str) -> list[str]:
-    """The helper definitions ``text`` calls, in table order."""
-    return [body for name, body in HELPERS.items() if name + "(" in text]
+    """The helper definitions ``text`` calls, and those they call, in table order (a helper precedes its users)."""
+    used = {name for name in HELPERS if name + "(" in text}
+    grown = True
+    while grown:
+        more = {name for name in HELPERS if name not in used and any(name + "(" in HELPERS[u] for u in used)}
+        used |= more
+        grown = bool(more)
+    return [body for name, body in HELPERS.items() if name in used]
 
 
 def literal(value: float) -> str:

@@ -388,6 +388,7 @@ class Outcome:
     unfused_us: float | None = None        # one library launch per op
     verdict: str | None = None             # check() at the real shapes; None when the spec won
     best_found_s: float | None = None      # time to the winner (None when the spec won)
+    best_found_states: int | None = None   # ... and the states visited by then
     search_s: float | None = None          # time to stop: the enumeration
     wall_s: float | None = None            # the whole call, the final check included
     stop_reason: str | None = None
@@ -458,7 +459,8 @@ def _outcome(base: dict, result, xla_us: float) -> Outcome:
                    library_ops=library_ops(best.estimate), structure=best.structure,
                    winner_us=best.seconds * 1e6, xla_us=xla_us,
                    unfused_us=rep.spec_estimate.seconds * 1e6, verdict=verdict,
-                   best_found_s=rep.best_found_seconds, search_s=rep.search_seconds,
+                   best_found_s=rep.best_found_seconds,
+                   best_found_states=rep.best_found_states, search_s=rep.search_seconds,
                    wall_s=rep.wall_seconds, stop_reason=rep.stop_reason, states=rep.states,
                    verified=rep.verified)
 

@@ -184,6 +184,9 @@ def _phase_of(op, srcs, phase) -> Phase | None:
 
 
 _PHASE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 1, Phase.EPILOGUE: 2}
+# the highest phase rank of an op reading a value of this phase (outside the loop an
+# accumulator is read by epilogue ops)
+_SOURCE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 2, Phase.EPILOGUE: 2}
 
 
 @dataclass(frozen=True)
@@ -286,16 +289,23 @@ class BlockEnumerator:
         """(op rank, op, sources, arg, source positions) of every op that could come next in
         canonical order; _admit checks them.
 
-        Once the body is in the epilogue (the last key's phase rank is the highest), a new op
-        must read the newest source of the last op or a later one, else its key is smaller:
-        those combinations are not generated at all.
+        A new op's phase rank is at most its sources' highest (an accumulator's value counts as
+        an epilogue one: what reads it runs after the loop), so where that is no higher than
+        the last op's, the new op must read the newest source of the last op or a later one,
+        else its key is smaller: those combinations are not generated at all.
         """
         st, ops = self.state, self.ctx.ops.block
         values = list(st.nodes)
         pos = st.pos
         last = st.keys[-1]
-        newest = last[1] if last[0] == _PHASE_RANK[Phase.EPILOGUE] else -10
-        fresh = values[max(newest, 0):] if newest >= 0 else values
+        floor, top = (last[1], last[0]) if len(last) > 1 else (-10, -1)
+        phase = st.phase
+        hot = {v for v in values if pos[v] >= floor or _SOURCE_RANK[phase[v]] > top}
+
+        def later(*srcs) -> bool:
+            return any(s in hot for s in srcs)
+
+        fresh = [a for a in values if a in hot]
         for op in ops:
             rank = _OP_RANK[op]
             if op is TOp.CAST:
@@ -314,7 +324,8 @@ class BlockEnumerator:
                     pa = pos[a]
                     for b in operands:
                         pb = pos[b]
-                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or max(pa, pb) < newest:
+                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or \
+                                not (a in hot or b in hot):
                             continue
                         yield rank, op, (a, b), None, (pa, pb)
             elif op in TERNARY:  # select(c, a, b): c a tile, a and b tiles or constants
@@ -322,13 +333,12 @@ class BlockEnumerator:
                 for c in (v for v in values if is_mask(v, self._mask_tile)):
                     for a in operands:
                         for b in operands:
-                            idx = (pos[c], pos[a], pos[b])
-                            if max(idx) >= newest and a is not b:
-                                yield rank, op, (c, a, b), None, idx
+                            if a is not b and later(c, a, b):
+                                yield rank, op, (c, a, b), None, (pos[c], pos[a], pos[b])
             elif op is BOp.MATMUL:
                 for a in values:
                     for b in values:
-                        if max(pos[a], pos[b]) >= newest:
+                        if later(a, b):
                             yield rank, op, (a, b), None, (pos[a], pos[b])
             elif op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
                 for a in fresh:
@@ -345,14 +355,15 @@ class BlockEnumerator:
                 runs = [m for m in values if m.op in RUNNING_ACCUMULATORS]
                 for a in values:
                     for m in runs:
-                        if max(pos[a], pos[m]) >= newest:
+                        if top < 1 or (top == 1 and max(pos[a], pos[m]) >= floor):
                             yield rank, op, (a, m), None, (pos[a], pos[m])
             elif op in ACCUMULATORS:
-                for a in fresh:
-                    yield rank, op, (a,), None, (pos[a],)
-        yield from self._unit_candidates(values, newest)
+                for a in values:
+                    if top < 1 or (top == 1 and pos[a] >= floor):
+                        yield rank, op, (a,), None, (pos[a],)
+        yield from self._unit_candidates(values, later)
 
-    def _unit_candidates(self, values, newest):
+    def _unit_candidates(self, values, later):
         """Thread units whose every operand is a block value with the expression it stands for."""
         same, exprs, pos = self.ctx.pruner.same, self.state.exprs, self.state.pos
         rank = _OP_RANK[BOp.THREAD]
@@ -361,9 +372,8 @@ class BlockEnumerator:
                 continue        # it would recompute a value the block has: extend that instead
             choices = [[v for v in values if same(exprs[v], leaf)] for leaf in unit.leaves]
             for srcs in itertools.product(*choices):
-                idx = tuple(pos[s] for s in srcs)
-                if max(idx) >= newest:
-                    yield rank, BOp.THREAD, srcs, unit.root, idx
+                if later(*srcs):
+                    yield rank, BOp.THREAD, srcs, unit.root, tuple(pos[s] for s in srcs)
 
     def _mask_tile(self, node) -> bool:
         """An input tile of a mask tensor is a mask."""
