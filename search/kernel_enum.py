@@ -77,7 +77,7 @@ class KernelEnumerator:
         `max_block_inputs`: a causal mask adds two to the Q, K, V of an attention."""
         cfg = self.ctx.config
         needed = set()
-        for expr, _ in goal.targets:
+        for expr, *_ in goal.targets:
             needed |= self.ctx.pruner.variables(expr)
         index = [i for i, t in enumerate(tensors) if is_index_leaf(t.node)]
         plain = [i for i in range(len(tensors)) if i not in index]
@@ -160,7 +160,7 @@ class KernelEnumerator:
         """The last kernel must write exactly the spec outputs no tensor holds yet."""
         if not final:
             return Goal(self.ctx.config.max_block_outputs)
-        missing = tuple((expr, node.shape) for node, expr in self.spec_outputs
+        missing = tuple((expr, node.shape, node.dtype) for node, expr in self.spec_outputs
                         if not any(same_extents(t.node.shape, node.shape)
                                    and self.ctx.pruner.same(t.expr, expr)
                                    for t in tensors))

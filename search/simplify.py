@@ -46,14 +46,23 @@ def _replaceable(old_phase: Phase, new_phase: Phase, is_output: bool) -> bool:
 
 
 def share_equal_values(new, old, walk: _Walk):
-    """A value equal to an earlier one (same normal form and shape) reads the earlier one."""
+    """A value equal to an earlier one (same normal form and shape, rounded alike) reads the
+    earlier one."""
     form = walk.forms.get(old)
     if form is None:
         return None
     for earlier, phase in walk.kept[(form, old.shape)]:
-        if earlier is not new and _replaceable(walk.phases[old], phase, old in walk.outputs):
+        if earlier is not new and _rounded_alike(earlier, old) and \
+                _replaceable(walk.phases[old], phase, old in walk.outputs):
             return earlier
     return None
+
+
+def _rounded_alike(earlier, old) -> bool:
+    """Equal forms are equal in real arithmetic; in the kernel, a value cast to 16 bits is its
+    rounding (the program's), so it stands only for a value of its dtype, and an fp32 value for
+    an fp32 one or an input tile (exact in fp32)."""
+    return earlier.dtype is old.dtype or (not old.dtype.is_16bit and earlier.op is BOp.INPUT)
 
 
 def fold_constant(new, old, walk: _Walk):

@@ -94,12 +94,17 @@ def test_casts_round_trip_through_json_at_both_levels_and_in_thread_graphs():
 
 
 def _qk_norm_kernel(cast: bool):
-    """Both operands normalised in the block, rounded to fp16 (or not) before the product."""
+    """Both operands normalised in the block, Q scaled by 1/8, rounded to fp16 (or not) before
+    the product: Q by a thread unit ending in a cast, K by a lone cast."""
     Q, K = ir.input("Q", (64, 64), "float16"), ir.input("K", (64, 64), "float16")
     b = ir.BlockBuilder(grid=(1, 1, 1), forloop=1)
     q, k = b.input(Q).rms_norm(1, 1e-6), b.input(K).rms_norm(0, 1e-6)
+    T = ir.thread.TNode
+    scaled = T(TOp.MUL, (ir.thread.param(0), ir.thread.const(0.125)))
     if cast:
-        q, k = q.cast("float16"), k.cast("float16")
+        q, k = ir.thread.apply(T(TOp.CAST, (scaled,), DType.FLOAT16), q), k.cast("float16")
+    else:
+        q = ir.thread.apply(scaled, q)
     (out,) = b.finish([((q @ k).acc_sum(), (None,))])
     return ir.KernelGraph([out], [Q, K])
 
