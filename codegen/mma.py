@@ -26,8 +26,10 @@ def lower_matmul(lw: Lowering, node) -> None:
         simt_matmul(lw, node)
         return
     # fp32 x fp32: three bf16 products of the operands' high and low halves (lo*hi + hi*lo + hi*hi), fp32
-    # accumulation: about 2^-16 relative error and fp32's range, on tensor cores.
-    parts = [("", "")] if dt.is_16bit else [("lo", "hi"), ("hi", "lo"), ("hi", "hi")]
+    # accumulation: about 2^-16 relative error and fp32's range, on tensor cores. The cross products read hi with
+    # its inf/NaN halves zeroed ("hf"): an inf operand's residual is 0, and inf * 0 must not turn the hi*hi
+    # product's inf into NaN.
+    parts = [("", "")] if dt.is_16bit else [("lo", "hf"), ("hf", "lo"), ("hi", "hi")]
     dt = dt if dt.is_16bit else DType.BFLOAT16
     shape = tuple(node.shape)
     f = choose_frag(prod(shape[:-2]), shape[-2], shape[-1], lw.W)
@@ -44,13 +46,16 @@ def lower_matmul(lw: Lowering, node) -> None:
         lines += accumulators.rescale_lines(lw, acc_node, Reg(f, var), shape)
         reads |= accumulators.factor_reads(lw, acc_node, f, shape)
     for part_a, part_b in parts:
-        a_src = operand(lw, a, "A", dt, f, node, part_a)
-        b_src = operand(lw, b, "B", dt, f, node, part_b)
+        a_src = operand(lw, a, "A", dt, f, node, _SPLIT_BUFFER.get(part_a, part_a))
+        b_src = operand(lw, b, "B", dt, f, node, _SPLIT_BUFFER.get(part_b, part_b))
         reads |= {s[1] for s in (a_src, b_src) if s[0] == "smem"}
-        lines += mma_lines(lw, node, f, var, a_src, b_src, dt)
+        lines += mma_lines(lw, node, f, var, a_src, b_src, dt, finite=(part_a == "hf", part_b == "hf"))
     lw.place[node] = Reg(f, var)
     how = "tensor cores" if parts == [("", "")] else "tensor cores (fp32 as 3 bf16 products)"
     lw.emit(Step("", lines, decls=decls, reads=reads, note=f"{describe(node)} on {how}"))
+
+
+_SPLIT_BUFFER = {"hf": "hi"}  # the finite high half is the high half's buffer, masked in registers after ldmatrix
 
 
 def in_place_target(lw: Lowering, node):
@@ -189,9 +194,11 @@ def _offset(batch: str, stride: int) -> str:
     return f" + {batch} * {stride}"
 
 
-def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) -> list[str]:
+def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType,
+              finite: tuple = (False, False)) -> list[str]:
     """The k-step loop of one product: A and B fragments by ldmatrix (or A from registers), then the mmas. Every
-    lane address and register pairing is rendered from the ``PATH`` tables."""
+    lane address and register pairing is rendered from the ``PATH`` tables. ``finite``: zero the inf/NaN halves
+    of the A / B fragments after loading them."""
     fv = lw.frag_var(f)
     kt = ceil_div(node.srcs[0].shape[-1], MMA.k)
     out_shape = tuple(node.shape)
@@ -211,6 +218,8 @@ def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) ->
     inner = [f"unsigned a[{f.tm}][{MMA.a.regs}], b[{f.tn}][{MMA.b.regs}];"]
     inner += _a_from_registers(f, a_src[1], dt) if a_src[0] == "reg" else _a_by_ldmatrix(f, fv, alay)
     inner += _b_by_ldmatrix(f, fv, blay)
+    inner += _finite_only("a", f.tm, MMA.a.regs) if finite[0] else []
+    inner += _finite_only("b", f.tn, MMA.b.regs) if finite[1] else []
     inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
               f"  for (int ni = 0; ni < {f.tn}; ++ni) {R.MMA_C[dt]}({var}[bi][mi][ni], a[mi], b[ni]);"]
     body += ["  " + line for line in inner] + ["}"]
@@ -220,6 +229,11 @@ def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) ->
         return [f"if (warp < {f.used}) {{  // warps {f.used}..{f.warps - 1} hold no tile"] + \
             ["  " + x for x in loop] + ["}"]
     return loop
+
+
+def _finite_only(frag: str, tiles: int, regs: int) -> list[str]:
+    return ["#pragma unroll", f"for (int t_ = 0; t_ < {tiles}; ++t_)", "#pragma unroll",
+            f"  for (int r_ = 0; r_ < {regs}; ++r_) {frag}[t_][r_] = mg_bf16x2_finite({frag}[t_][r_]);"]
 
 
 def _a_from_registers(f: Frag, src: str, dt: DType) -> list[str]:

@@ -196,9 +196,11 @@ def gqa_reference(shapes) -> KernelGraph:
 
 
 def qknorm_gqa_reference(shapes) -> KernelGraph:
-    """Split-KV attention with both RMSNorms fused into kernel 1 (Q's hoisted out of the loop)."""
+    """Split-KV attention with both RMSNorms fused into kernel 1 (Q's hoisted out of the loop);
+    the normalised Q and K are rounded to fp16 where the program rounds them: one fp16 MMA."""
     return _plain_attention_reference(
-        shapes, lambda q, k: (q.rms_norm(2, EPS) @ k.rms_norm(1, EPS)) * 0.125)
+        shapes, lambda q, k: (q.rms_norm(2, EPS).cast("float16") @ k.rms_norm(1, EPS).cast("float16"))
+        * 0.125)
 
 
 def gqa_safe_reference(shapes) -> KernelGraph:

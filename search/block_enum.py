@@ -17,6 +17,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.thread import ELEMENTWISE, fuse_threads
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TERNARY, TOp, UNARY, is_mask)
+from mugraph.search.casts import cast_targets, spec_casts
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
@@ -221,6 +222,7 @@ class BlockEnumerator:
         self._partials: dict = {}
         self.spec_forms, self.inside_forms = spec_forms(ctx.spec)
         self.scales = structure_scales(ctx.spec)
+        self.casts = spec_casts(ctx.spec)
         if not self.units:
             self.inside_forms = frozenset()
         inputs, exprs, labels, phases = [], {}, {}, {}
@@ -306,7 +308,12 @@ class BlockEnumerator:
         fresh = [a for a in values if a in hot]
         for op in ops:
             rank = _OP_RANK[op]
-            if op in UNARY:
+            if op is TOp.CAST:
+                for a in fresh:
+                    for d in cast_targets(self.casts, N.normalize(st.exprs[a]), a.dtype,
+                                          narrow_only=True):
+                        yield rank, op, (a,), d, (pos[a],)
+            elif op in UNARY:
                 if op is not TOp.CLAMP:
                     for a in fresh:
                         yield rank, op, (a,), None, (pos[a],)
@@ -398,7 +405,7 @@ class BlockEnumerator:
         key = (phase_rank, max(idx), idx, rank, arg_text)
         if key <= st.keys[-1] or node in st.pos:
             return None
-        if op in ELEMENTWISE and st.holds_form(N.normalize(expr), node.shape):
+        if op in ELEMENTWISE and op is not TOp.CAST and st.holds_form(N.normalize(expr), node.shape):
             self.ctx.counters.pruned[Reject.DUPLICATE.value] += 1   # x * 1, or a value twice
             return None
         return node, expr, labels, phase, key

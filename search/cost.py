@@ -73,6 +73,7 @@ ELEMENTWISE_FLOPS: dict[TOp, int] = {
     TOp.GT: 1, TOp.GE: 1, TOp.LT: 1, TOp.LE: 1, TOp.EQ: 1, TOp.NE: 1,
     TOp.LOG1P: 8, TOp.EXPM1: 8,      # lg2/ex2 (MUFU) + a correction polynomial
     TOp.SOFTPLUS: 15,                # max + abs + exp + log1p + add
+    TOp.CAST: 2,                     # cvt.rn to the 16-bit type and back (to fp32: charged alike)
 }
 
 

@@ -14,11 +14,13 @@ from mugraph.ir import KernelGraph, KNode, custom
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TERNARY, TOp, UNARY, is_mask
 from mugraph.search.block_enum import BlockEnumerator, Goal
+from mugraph.search.casts import cast_targets, spec_casts
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
 from mugraph.search.views import as_shape, over_inputs, same_extents, view_tensors
+from mugraph.verify.abstract import normalize as N
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
 
@@ -56,6 +58,7 @@ class KernelEnumerator:
         self.inputs = view_tensors(ctx, inputs, Tensor)   # the inputs and their layout views
         self.spec_outputs = spec_outputs          # [(KNode, expr)]
         self.block_cache: dict = {}
+        self.casts = spec_casts(ctx.spec)
 
     # ---- top level: coarse tasks for the executors ---------------------------------------------
     def root_tasks(self, depth: int) -> list[tuple]:
@@ -174,7 +177,11 @@ class KernelEnumerator:
 
     def _operands(self, op, tensors):
         nodes = [t.node for t in tensors]
-        if op in UNARY:
+        if op is TOp.CAST:  # where the spec rounds a value of the same form (search/casts.py)
+            for t in tensors:
+                for d in cast_targets(self.casts, N.normalize(t.expr), t.node.dtype):
+                    yield (t.node,), d
+        elif op in UNARY:
             for a in nodes:
                 if op is not TOp.CLAMP:
                     yield (a,), None
@@ -229,7 +236,8 @@ class KernelEnumerator:
         if reason is not None:
             ctx.counters.pruned[reason.value] += 1
             return None
-        if any(ctx.pruner.same(expr, t.expr) and t.node.shape == node.shape for t in tensors):
+        if any(ctx.pruner.same(expr, t.expr) and t.node.shape == node.shape
+               and t.node.dtype is node.dtype for t in tensors):
             ctx.counters.pruned[Reject.DUPLICATE.value] += 1
             return None
         return Tensor(node, expr, labels)

@@ -55,7 +55,7 @@ def test_superoptimize_from_python_logs_progress_and_takes_the_budget(monkeypatc
 @pytest.mark.parametrize("config, error, match", [
     ("fast", InvalidInput, "SearchConfig or a dict"),
     ({"budget": 10}, SearchError, "unknown SearchConfig fields"),
-    ({"budget_seconds": "10"}, SearchError, "non-negative number"),
+    ({"budget_seconds": "10"}, SearchError, "positive, finite number"),
     ({"target": "v100"}, SearchError, "unknown target"),
 ])
 def test_a_bad_config_is_a_typed_error(config, error, match):
