@@ -18,7 +18,7 @@ class Kernel:
     """A found μGraph with its report, its CUDA source and ways to run it."""
 
     def __init__(self, graph: KernelGraph, spec: KernelGraph, result=None, target: str = "h100",
-                 fn=None, origin: str = "", cache_key: str | None = None):
+                 fn=None, origin: str = "", cache_key: str | None = None, store=None):
         self.graph = graph
         self.spec = spec
         self.result = result
@@ -26,6 +26,7 @@ class Kernel:
         self.fn = fn                   # a FlatFunction of the traced JAX function, if there was one
         self.origin = origin           # where the kernel came from: searched, cache, re-sized
         self.cache_key = cache_key
+        self._store = store            # the ResultCache it came from (its generated sources)
         self._cuda = None
         self._runtime = None
         self._jax: dict = {}
@@ -48,9 +49,8 @@ class Kernel:
             from mugraph.codegen import generate_cuda
             from mugraph.search.targets import get_target
             arch = get_target(self.target).arch
-            if self.cache_key is not None:
-                from mugraph.search.cache import ResultCache
-                self._cuda = ResultCache().sources(self.cache_key).get(arch, (None,))[0]
+            if self.cache_key is not None and self._store is not None:
+                self._cuda = self._store.sources(self.cache_key).get(arch, (None,))[0]
             if self._cuda is None:
                 self._cuda = generate_cuda(self.graph, arch=arch)
         return self._cuda
@@ -151,8 +151,9 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
 
     `config`: a SearchConfig or a dict of its fields (without one, the budget is
     $MUGRAPH_SEARCH_SECONDS, default 300 s, and the target $MUGRAPH_TARGET, default h100);
-    `target` ("a100", "h100", "h200") and `budget_seconds` override the config's. `cache`: True uses the result cache under
-    `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), False searches afresh.
+    `target` ("a100", "h100", "h200") and `budget_seconds` override the config's. `cache`: True
+    uses the result cache under `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), a
+    folder another one, False searches afresh.
     `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
     line on a terminal, a log line every few seconds elsewhere); False turns it off."""
     config = make_config(config, target=target, budget_seconds=budget_seconds)
@@ -160,9 +161,27 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
     if progress is False:
         progress = _silent
     from mugraph.search.cached import cached_search
-    answer = cached_search(spec, config, cache=cache, progress=progress)
+    store = _store(cache)
+    answer = cached_search(spec, config, cache=store or False, progress=progress)
     return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
-                  origin=answer.note, cache_key=answer.key if cache else None)
+                  origin=answer.note, cache_key=answer.key, store=store)
+
+
+def _store(cache):
+    """The ResultCache for `cache`: True (the default folder), a folder, a ResultCache, or None
+    for False/None."""
+    from pathlib import Path
+    from mugraph.search.cache import ResultCache
+    if cache is True:
+        return ResultCache()
+    if cache is False or cache is None:
+        return None
+    if isinstance(cache, ResultCache):
+        return cache
+    if isinstance(cache, (str, Path)):
+        return ResultCache(cache)
+    raise InvalidInput(f"cache must be True, False, a folder or a ResultCache, got "
+                       f"{type(cache).__name__}")
 
 
 def _write(path, text: str) -> None:
@@ -229,18 +248,19 @@ def _spec_of(fn_or_graph, example_args):
                        f"{type(fn_or_graph).__name__}")
 
 
-def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = None):
+def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = None, cache=True):
     """Compile `fn` on first call per input signature (shapes, dtypes, pytree) and run the kernel
     inside JAX: the result works under `jax.jit`, `jax.grad` and `jax.vmap` (see Kernel.as_jax).
 
     `backend="auto"` uses "cuda" where JAX sees a GPU and otherwise runs `fn` itself (one
-    warning); "harness" runs the generated CUDA on the CPU harness; "cuda" requires a GPU."""
+    warning); "harness" runs the generated CUDA on the CPU harness; "cuda" requires a GPU.
+    `config`, `target` and `cache` are superoptimize's."""
     if fn is None:
-        return functools.partial(jit, backend=backend, config=config, target=target)
+        return functools.partial(jit, backend=backend, config=config, target=target, cache=cache)
     from mugraph.jax_integration import BACKENDS
     if backend not in BACKENDS:
         raise InvalidInput(f"unknown backend {backend!r}", hint=f"one of: {', '.join(BACKENDS)}")
-    compiled = _Compiled(fn, backend, config, target)
+    compiled = _Compiled(fn, backend, config, target, cache)
 
     @functools.wraps(fn)
     def wrapper(*args):
@@ -253,8 +273,9 @@ def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = Non
 class _Compiled:
     """The kernels `jit` built for one function, by input signature."""
 
-    def __init__(self, fn, backend: str, config, target: str | None):
+    def __init__(self, fn, backend: str, config, target: str | None, cache=True):
         self.fn, self.backend, self.config, self.target = fn, backend, config, target
+        self.cache = cache
         self.kernels: dict = {}
         self.warned = False
 
@@ -289,7 +310,8 @@ class _Compiled:
         # the search runs JAX itself (tracing, the float test against jax.jit(fn)): eagerly, not
         # inside the trace of a jax.jit this call may sit in
         with jax.ensure_compile_time_eval():
-            return superoptimize(self.fn, *specs, config=self.config, target=self.target)
+            return superoptimize(self.fn, *specs, config=self.config, target=self.target,
+                                 cache=self.cache)
 
 
 def load_function(spec: str):

@@ -17,6 +17,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.thread import ELEMENTWISE, fuse_threads
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TERNARY, TOp, UNARY, is_mask)
+from mugraph.search.casts import cast_targets, spec_casts
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
@@ -183,12 +184,15 @@ def _phase_of(op, srcs, phase) -> Phase | None:
 
 
 _PHASE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 1, Phase.EPILOGUE: 2}
+# the highest phase rank of an op reading a value of this phase (outside the loop an
+# accumulator is read by epilogue ops)
+_SOURCE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 2, Phase.EPILOGUE: 2}
 
 
 @dataclass(frozen=True)
 class Goal:
     """What the block must produce: at most `max_outputs` values, or, for the last kernel of a
-    candidate, exactly the spec outputs still missing (`targets`: (expression, shape) pairs)."""
+    candidate, exactly the spec outputs still missing (`targets`: (expression, shape, dtype))."""
 
     max_outputs: int
     targets: tuple = ()
@@ -218,6 +222,7 @@ class BlockEnumerator:
         self._partials: dict = {}
         self.spec_forms, self.inside_forms = spec_forms(ctx.spec)
         self.scales = structure_scales(ctx.spec)
+        self.casts = spec_casts(ctx.spec)
         if not self.units:
             self.inside_forms = frozenset()
         inputs, exprs, labels, phases = [], {}, {}, {}
@@ -284,19 +289,31 @@ class BlockEnumerator:
         """(op rank, op, sources, arg, source positions) of every op that could come next in
         canonical order; _admit checks them.
 
-        Once the body is in the epilogue (the last key's phase rank is the highest), a new op
-        must read the newest source of the last op or a later one, else its key is smaller:
-        those combinations are not generated at all.
+        A new op's phase rank is at most its sources' highest (an accumulator's value counts as
+        an epilogue one: what reads it runs after the loop), so where that is no higher than
+        the last op's, the new op must read the newest source of the last op or a later one,
+        else its key is smaller: those combinations are not generated at all.
         """
         st, ops = self.state, self.ctx.ops.block
         values = list(st.nodes)
         pos = st.pos
         last = st.keys[-1]
-        newest = last[1] if last[0] == _PHASE_RANK[Phase.EPILOGUE] else -10
-        fresh = values[max(newest, 0):] if newest >= 0 else values
+        floor, top = (last[1], last[0]) if len(last) > 1 else (-10, -1)
+        phase = st.phase
+        hot = {v for v in values if pos[v] >= floor or _SOURCE_RANK[phase[v]] > top}
+
+        def later(*srcs) -> bool:
+            return any(s in hot for s in srcs)
+
+        fresh = [a for a in values if a in hot]
         for op in ops:
             rank = _OP_RANK[op]
-            if op in UNARY:
+            if op is TOp.CAST:
+                for a in fresh:
+                    for d in cast_targets(self.casts, N.normalize(st.exprs[a]), a.dtype,
+                                          narrow_only=True):
+                        yield rank, op, (a,), d, (pos[a],)
+            elif op in UNARY:
                 if op is not TOp.CLAMP:
                     for a in fresh:
                         yield rank, op, (a,), None, (pos[a],)
@@ -307,7 +324,8 @@ class BlockEnumerator:
                     pa = pos[a]
                     for b in operands:
                         pb = pos[b]
-                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or max(pa, pb) < newest:
+                        if (pa < 0 and pb < 0) or (commutative and pa > pb) or \
+                                not (a in hot or b in hot):
                             continue
                         yield rank, op, (a, b), None, (pa, pb)
             elif op in TERNARY:  # select(c, a, b): c a tile, a and b tiles or constants
@@ -315,13 +333,12 @@ class BlockEnumerator:
                 for c in (v for v in values if is_mask(v, self._mask_tile)):
                     for a in operands:
                         for b in operands:
-                            idx = (pos[c], pos[a], pos[b])
-                            if max(idx) >= newest and a is not b:
-                                yield rank, op, (c, a, b), None, idx
+                            if a is not b and later(c, a, b):
+                                yield rank, op, (c, a, b), None, (pos[c], pos[a], pos[b])
             elif op is BOp.MATMUL:
                 for a in values:
                     for b in values:
-                        if max(pos[a], pos[b]) >= newest:
+                        if later(a, b):
                             yield rank, op, (a, b), None, (pos[a], pos[b])
             elif op in (BOp.REDUCE_SUM, BOp.REDUCE_MAX):
                 for a in fresh:
@@ -338,14 +355,15 @@ class BlockEnumerator:
                 runs = [m for m in values if m.op in RUNNING_ACCUMULATORS]
                 for a in values:
                     for m in runs:
-                        if max(pos[a], pos[m]) >= newest:
+                        if top < 1 or (top == 1 and max(pos[a], pos[m]) >= floor):
                             yield rank, op, (a, m), None, (pos[a], pos[m])
             elif op in ACCUMULATORS:
-                for a in fresh:
-                    yield rank, op, (a,), None, (pos[a],)
-        yield from self._unit_candidates(values, newest)
+                for a in values:
+                    if top < 1 or (top == 1 and pos[a] >= floor):
+                        yield rank, op, (a,), None, (pos[a],)
+        yield from self._unit_candidates(values, later)
 
-    def _unit_candidates(self, values, newest):
+    def _unit_candidates(self, values, later):
         """Thread units whose every operand is a block value with the expression it stands for."""
         same, exprs, pos = self.ctx.pruner.same, self.state.exprs, self.state.pos
         rank = _OP_RANK[BOp.THREAD]
@@ -354,9 +372,8 @@ class BlockEnumerator:
                 continue        # it would recompute a value the block has: extend that instead
             choices = [[v for v in values if same(exprs[v], leaf)] for leaf in unit.leaves]
             for srcs in itertools.product(*choices):
-                idx = tuple(pos[s] for s in srcs)
-                if max(idx) >= newest:
-                    yield rank, BOp.THREAD, srcs, unit.root, idx
+                if later(*srcs):
+                    yield rank, BOp.THREAD, srcs, unit.root, tuple(pos[s] for s in srcs)
 
     def _mask_tile(self, node) -> bool:
         """An input tile of a mask tensor is a mask."""
@@ -388,7 +405,7 @@ class BlockEnumerator:
         key = (phase_rank, max(idx), idx, rank, arg_text)
         if key <= st.keys[-1] or node in st.pos:
             return None
-        if op in ELEMENTWISE and st.holds_form(N.normalize(expr), node.shape):
+        if op in ELEMENTWISE and op is not TOp.CAST and st.holds_form(N.normalize(expr), node.shape):
             self.ctx.counters.pruned[Reject.DUPLICATE.value] += 1   # x * 1, or a value twice
             return None
         return node, expr, labels, phase, key
@@ -397,7 +414,7 @@ class BlockEnumerator:
         """Build one candidate node (its phase known) and run the cheap checks, then the
         expression check."""
         st, ctx = self.state, self.ctx
-        if self._scaled_before_linear(op, srcs) \
+        if self._scaled_before_linear(op, srcs) or self._rounds_later(op, srcs) \
                 or _rescaled_constant(op, srcs) or self._reads_partial_sum(op, srcs, phase):
             ctx.counters.pruned[Reject.CANONICAL.value] += 1
             return None
@@ -423,6 +440,14 @@ class BlockEnumerator:
             ctx.counters.pruned[reason.value] += 1
             return None
         return node, expr, labels, phase
+
+    def _rounds_later(self, op, srcs) -> bool:
+        """An fp32 product (three bf16 MMAs) of an operand the spec rounds to 16 bits first: the
+        product of its cast is the program's rounding, and one 16-bit MMA."""
+        if op is not BOp.MATMUL or any(s.dtype.is_16bit for s in srcs):
+            return False
+        return any(cast_targets(self.casts, N.normalize(self.state.exprs[s]), s.dtype,
+                                narrow_only=True) for s in srcs)
 
     def _partial(self, node) -> bool:
         """A loop value that sums over part of the looped index: a matmul contracting it, a
@@ -505,16 +530,21 @@ class BlockEnumerator:
 
     def _meets_targets(self, sinks) -> bool:
         """In a candidate's last kernel, the outputs are exactly the spec outputs still missing."""
+        return self._matched_targets(sinks) is not None
+
+    def _matched_targets(self, sinks):
+        """The spec output each sink writes (in order), or None if they are not the targets."""
         if len(sinks) != len(self.goal.targets):
-            return False
+            return None
         same = self.ctx.pruner.same
-        left = list(self.goal.targets)
+        left, found = list(self.goal.targets), []
         for n in sinks:
             hit = next((t for t in left if same(self.state.exprs[n], t[0])), None)
             if hit is None:
-                return False
+                return None
             left.remove(hit)
-        return True
+            found.append(hit)
+        return found
 
     def _omaps(self, node) -> list[tuple]:
         """Ways to write one output: each grid axis to the tile dim with its label, or, for a
@@ -533,8 +563,9 @@ class BlockEnumerator:
     def _build(self, sinks, omaps) -> ClosedBlock | None:
         st, sk, sizes = self.state, self.skeleton, self.sizes
         outputs, out_labels = [], []
-        for node, omap in zip(sinks, omaps):
-            dtype = self._out_dtype(node)
+        targets = self._matched_targets(sinks) if self.goal.final else None
+        for i, (node, omap) in enumerate(zip(sinks, omaps)):
+            dtype = targets[i][2] if targets else self._out_dtype(node)
             try:
                 shape = list(node.shape)
                 labels = list(st.labels[node])
@@ -557,6 +588,8 @@ class BlockEnumerator:
         return ClosedBlock(graph, tuple(st.exprs[n] for n in sinks), tuple(out_labels))
 
     def _out_dtype(self, node) -> DType:
+        """An intermediate tensor's storage: its inputs' 16-bit dtype, else fp32 (a spec output
+        is written in the spec's dtype)."""
         low = [t.node.dtype for t in self.tensors if t.node.dtype.is_16bit]
         return low[0] if low else DType.FLOAT32
 

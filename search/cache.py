@@ -290,25 +290,59 @@ def make_entry(key: str, spec, config, result) -> Entry:
     return Entry(key=key, spec=spec.digest(), inputs=describe_inputs(spec), target=config.target,
                  config=config.to_json(), versions=json.dumps(versions(), sort_keys=True),
                  created=time.time(), graph=to_json(result.best, indent=None),
-                 result=pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
-                 summary=result.summary())
+                 result=result_blob(result), summary=result.summary())
 
 
-def read_entry(entry: Entry, spec):
-    """The SearchResult an entry holds, checked against its own graph JSON and the spec's
-    interface; CorruptEntry says why it cannot be used."""
+def result_blob(result) -> bytes:
+    """The pickled result behind its sha256, so damage shows without unpickling."""
+    data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(data).digest() + data
+
+
+def read_entry(entry: Entry, spec) -> "StoredResult":
+    """The result an entry holds, checked (its checksum, its graph JSON against the spec's
+    interface) without unpickling it; CorruptEntry says why it cannot be used."""
     from mugraph.ir.serialize import from_json
     from mugraph.verify import interface_mismatch
+    blob = entry.result
+    if not isinstance(blob, bytes) or len(blob) < 33 or \
+            hashlib.sha256(blob[32:]).digest() != blob[:32]:
+        raise CorruptEntry("unreadable (its stored result does not match its checksum)")
     try:
-        result = pickle.loads(entry.result)
         graph = from_json(entry.graph)
-    except Exception as e:  # any damage: truncated pickle, bad JSON, a class that moved
+    except Exception as e:  # any damage to the JSON
         raise CorruptEntry(f"unreadable ({type(e).__name__}: {e})") from None
-    if getattr(result, "best", None) is not graph:
-        raise CorruptEntry("its stored graph and its result disagree")
     if entry.spec != spec.digest():
         raise CorruptEntry("it was stored for another spec")
     mismatch = interface_mismatch(spec, graph)
     if mismatch:
         raise CorruptEntry(f"its graph does not fit the spec: {mismatch}")
-    return result
+    return StoredResult(graph, blob[32:], entry.key)
+
+
+class StoredResult:
+    """A SearchResult from the cache, unpickled on first use of anything but `.best` (its report
+    and candidates bring in the verifier and the cost model, which a cache hit does not need)."""
+
+    def __init__(self, best, data: bytes, key: str):
+        self.best, self._data, self._key, self._result = best, data, key, None
+
+    def load(self):
+        if self._result is None:
+            from mugraph.ir.errors import MugraphError
+            try:
+                result = pickle.loads(self._data)
+            except Exception as e:
+                raise MugraphError(f"result cache entry {self._key[:12]} cannot be read: "
+                                   f"{type(e).__name__}: {e}",
+                                   hint="`mugraph cache clear` and search again") from None
+            if result.best is not self.best:
+                raise MugraphError(f"result cache entry {self._key[:12]} holds a result for "
+                                   "another graph than its own", hint="`mugraph cache clear`")
+            self._result = result
+        return self._result
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.load(), name)

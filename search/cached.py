@@ -71,7 +71,7 @@ def _from_bucket(store, key, spec, config) -> tuple[Answer | None, str]:
         try:
             old_spec = from_json(spec_json)
             old = read_entry(entry, old_spec)
-        except (CorruptEntry, Exception):  # a damaged bucket row: the search goes on without it
+        except Exception:  # a damaged bucket row or entry: the search goes on without it
             continue
         resized = resize_winner(old_spec, old.best, spec, config.target, seed=config.seed)
         if resized is None:

@@ -4,7 +4,6 @@ one database; the CPU-harness and NVRTC build caches survive damaged files."""
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ from mugraph import ir
 from mugraph.errors import CacheWarning
 from mugraph.ir import cache_dir
 from mugraph.search import SearchConfig
-from mugraph.search.cache import ResultCache, make_entry, search_key
+from mugraph.search.cache import ResultCache, result_blob
 from mugraph.search.cached import cached_search
 
 CONFIG = SearchConfig(max_kernel_ops=1, budget_seconds=30)
@@ -80,7 +79,7 @@ def test_an_entry_whose_winner_is_wrong_is_caught_by_reverification_and_rebuilt(
     wrong = ir.from_jax(lambda x, y: x * 3.0 + y, *ARGS)
     store = ResultCache()
     _tamper(store, good.key, graph=ir.to_json(wrong, indent=None),
-            result=pickle.dumps(dataclasses.replace(good.result, best=wrong)))
+            result=result_blob(dataclasses.replace(good.result, best=wrong)))
     with pytest.warns(CacheWarning, match="failed a fresh finite-field test"):
         again = cached_search(spec, config, cache=store, progress=_quiet)
     assert again.origin == "search" and again.result.best is good.result.best

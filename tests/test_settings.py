@@ -27,11 +27,11 @@ def test_every_knob_is_read_outside_the_settings_module(name):
 def test_the_api_defaults_read_the_budget_and_target(monkeypatch):
     monkeypatch.setenv("MUGRAPH_SEARCH_SECONDS", "7.5")
     monkeypatch.setenv("MUGRAPH_TARGET", "A100")
-    config = api._config(None, None)
+    config = api.make_config(None)
     assert (config.budget_seconds, config.target) == (7.5, "a100")
-    assert api._config(None, "h200").target == "h200"        # an explicit target wins
+    assert api.make_config(None, target="h200").target == "h200"   # an explicit target wins
     given = SearchConfig(budget_seconds=3.0, target="h100")
-    assert api._config(given, None) is given                  # so does an explicit config
+    assert api.make_config(given) is given                        # so does an explicit config
 
 
 def _search_args(**kw):

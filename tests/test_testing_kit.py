@@ -210,10 +210,6 @@ def test_the_gpu_backend_without_a_gpu_says_so(kernel):
         assert_kernel_matches(right, kernel, "cuda")
 
 
-@pytest.mark.xfail(strict=True, reason="found by the kit: fp32 tensor-core matmuls split each "
-                                       "operand into bf16 halves (codegen/mma.py); inf - inf "
-                                       "makes the low half NaN, so an inf input gives NaN where "
-                                       "jax.jit(x @ w) gives inf")
 def test_fp32_matmul_kernels_keep_infinities():
     X, W = ir.input("x", (16, 32), "float32"), ir.input("w", (32, 16), "float32")
     b = ir.BlockBuilder(grid=(1, 1, 1), forloop=1)

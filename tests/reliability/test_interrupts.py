@@ -109,7 +109,7 @@ def test_an_unheeded_stop_becomes_a_keyboard_interrupt_that_a_gc_callback_cannot
                 while time.monotonic() - start < 10:  # code that never reads the stop flag
                     garbage = [[i] for i in range(2000)]  # Python work; young collections
                     gc.collect(0)                         # and their callbacks, about half
-                    del garbage                           # of the time
+                    garbage.clear()                       # of the time
     finally:
         gc.callbacks.remove(callback)
     assert time.monotonic() - start < 0.2 + interrupt.ESCALATE_AFTER + 20 * interrupt.RETRY_EVERY

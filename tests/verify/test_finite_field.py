@@ -306,7 +306,7 @@ def _swapped(graph, op):
         c, a, b = node.srcs
         return ir.KernelGraph([KNode(op, (c, b, a), node.arg)])
     group = UNARY if op in UNARY else BINARY
-    other = min(group - {op, TOp.CLAMP}, key=lambda o: o.value)
+    other = min(group - {op, TOp.CLAMP, TOp.CAST}, key=lambda o: o.value)
     return ir.KernelGraph([KNode(other, node.srcs, None)])
 
 

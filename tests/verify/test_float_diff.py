@@ -107,7 +107,7 @@ def test_every_elementwise_op_runs_in_both_modes():
     x = _x("float32")
     pos = x * x + 1.0
     for op in TOp:
-        arg = (-1.0, 1.0) if op is TOp.CLAMP else None
+        arg = (-1.0, 1.0) if op is TOp.CLAMP else ir.DType.FLOAT16 if op is TOp.CAST else None
         srcs = (pos, pos) if op in BINARY else (pos.gt(x), pos, x) if op in TERNARY else (pos,)
         node = ir.KNode(op, srcs, arg)
         assert float_diff(ir.KernelGraph([node]), ir.KernelGraph([node])).passed, op
