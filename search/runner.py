@@ -184,7 +184,7 @@ class _Ranking:
         from mugraph.search.sizing import size_structure
         target = self.config.target
         sized = size_structure(structure, list(self.indexed.inputs), self.constants, target,
-                               self.estimate, self._fits)
+                               self.estimate, self._fits, bound=self.best_seconds)
         if sized:
             est, graph = sized[0]
             if self.leaves:

@@ -69,14 +69,33 @@ def block_options(g, srcs) -> list[tuple]:
     return out
 
 
-def size_structure(structure: KernelGraph, inputs, constants, target, estimate, fits):
-    """Sized versions of `structure` over real `inputs`, best estimate first: [(Estimate, graph)]."""
+def size_structure(structure: KernelGraph, inputs, constants, target, estimate, fits,
+                   bound: float | None = None):
+    """Sized versions of `structure` over real `inputs`, best estimate first: [(Estimate, graph)].
+
+    With a `bound` (the best estimate so far), the structure is first sized over its QUICK most
+    balanced options per kernel (tiles nearest 64), and over every option only if that comes
+    within SLACK of the bound: each option costs a lowering by codegen, and most structures
+    a search finds are variants far from the best.
+    """
+    if bound is not None:
+        quick = _size(structure, inputs, constants, target, estimate, fits, QUICK)
+        if not quick or quick[0][0].seconds > SLACK * bound:
+            return quick
+    return _size(structure, inputs, constants, target, estimate, fits, None)
+
+
+QUICK = 4
+SLACK = 1.1
+
+
+def _size(structure, inputs, constants, target, estimate, fits, limit):
     partial = [dict()]
     for key in structure.custom_ops():
         sub = _subgraph(structure, key)
         scored = []
         for choice in partial:
-            for opt in _feasible(key, structure, inputs, choice, constants, fits):
+            for opt in _feasible(key, structure, inputs, choice, constants, fits, limit):
                 trial = choice | {key: opt}
                 graph = _build(sub, inputs, trial, constants)
                 if graph is not None:
@@ -100,14 +119,18 @@ def _subgraph(structure: KernelGraph, key) -> KernelGraph:
     return KernelGraph(outs, structure.inputs)
 
 
-def _feasible(key, structure, inputs, choice, constants, fits):
-    """Options for one custom op given the sizes already chosen upstream."""
+def _feasible(key, structure, inputs, choice, constants, fits, limit=None):
+    """Options for one custom op given the sizes already chosen upstream (the `limit` most
+    balanced ones, if given)."""
     bg = key[0]
     new_srcs = _sources_of(structure, inputs, choice, constants, key)
     if new_srcs is None:
         return []
+    options = block_options(bg, new_srcs)
+    if limit is not None:
+        options = sorted(options, key=lambda o: _imbalance(bg, new_srcs, *o))[:limit]
     out = []
-    for grid, F in block_options(bg, new_srcs):
+    for grid, F in options:
         try:
             g = resize_block(bg, new_srcs, grid, F, constants)
         except InvalidGraph:
@@ -115,6 +138,18 @@ def _feasible(key, structure, inputs, choice, constants, fits):
         if fits(g):
             out.append((grid, F))
     return out
+
+
+def _imbalance(g, srcs, grid, F) -> float:
+    """How far the tiles an option cuts are from 64 along the dims it splits (log scale)."""
+    total = 0.0
+    for n, src in zip(g.inputs, srcs):
+        for d, extent in enumerate(src.shape):
+            parts = [grid[a] for a in range(3) if n.arg.imap[a] == d] + \
+                ([F] if n.arg.fmap == d else [])
+            if parts:
+                total += abs(math.log2(max(1, extent // math.prod(parts))) - 6)
+    return total
 
 
 def _build(structure, inputs, choice, constants):

@@ -129,10 +129,11 @@ def test_rmsnorm_folds_into_the_matmul_loop():
 
 
 @pytest.mark.parametrize("name, states", [("ntrans", 20_000), ("gqa_safe", 300_000),
-                                          ("qknorm_gqa", 300_000)])
+                                          ("qknorm_gqa", 60_000)])
 def test_norms_and_safe_softmax_become_one_kernel(name, states):
     """Within a state budget above what the current order needs (the report's
-    `best_found_states`: ntrans 4k, gqa_safe 160k, qknorm_gqa 188k): one kernel for all."""
+    `best_found_states`: ntrans 1k, gqa_safe 26k (its whole single-kernel space is ~40k
+    states), qknorm_gqa 8k): one kernel for all."""
     spec = workloads.get(name).small().spec()
     config = ONE_KERNEL.replace(budget_states=states)
     result = search(spec, config, **QUIET)
