@@ -16,35 +16,36 @@ from mugraph import generality
 from mugraph.search import SearchConfig
 from mugraph.verify import check
 
-# States per program: enough for the fused winner at today's enumeration order, with a margin;
-# programs whose depth-1 space is smaller than DEFAULT_STATES are searched to exhaustion.
-DEFAULT_STATES = 6_000
+# States per program: the smallest of 1500, 2500, 4000, 6000, 9000, 13500, 20000, 30000, 45000 with
+# which the search (as of this file's last update) returns a winner that passes every assertion
+# below; the budget also sets each root task's share, so a larger one is not always as good.
+# Programs whose one-kernel space is smaller than DEFAULT_STATES are searched to exhaustion.
+DEFAULT_STATES = 1_500
 STATES = {
-    "l2norm_linear": 24_000,            # its first fused structure needs 2048 states in one task
-    "attention_causal": 16_000,
-    "attention_gqa_grouped": 16_000,
-    "layernorm_affine_linear_f32": 4_500,
-    "activation_polynomial": 1_500,
-    "swiglu_down": 2_500,
-    "logsumexp_rows": 4_000,
-    "column_mean_scale": 4_000,
-    "lora_scaled_bf16": 1_500,
-    "linear_scale_residual": 3_000,
+    "layernorm_linear": 20_000,
+    "l2norm_linear": 45_000,
+    "linear_rmsnorm": 4_000,
+    "residual_rmsnorm": 20_000,
+    "attention_scaled": 6_000,
+    "attention_causal": 13_500,
+    "attention_gqa_grouped": 9_000,
+    "column_mean_scale": 2_500,
+    "linear_scale_residual": 4_000,
 }
 SAFETY_SECONDS = 120.0
 CHECK_SEED = 20261203          # not the search's seed (0): the verdict is not the search's filter
 
 _ONE_KERNEL_TIE = (
-    "XLA emits this program as one kernel too (a loop fusion{}), so fusion cannot win; the cost "
+    "XLA emits this program as one kernel too ({}), so fusion cannot win; the cost "
     "model then charges the custom kernel the first-load latency (cost._custom_kernel: waves x "
     "hbm_latency_s, 0.6 us) that it never charges an XLA fusion (cost.fused_kernel), so the "
     "fused kernel is estimated 0.87x the baseline: at best a tie")
 XFAIL = {
-    "elementwise_chain_30": _ONE_KERNEL_TIE.format(""),
-    "threshold_select_f32": _ONE_KERNEL_TIE.format(""),
+    "elementwise_chain_30": _ONE_KERNEL_TIE.format("a loop fusion"),
+    "threshold_select_f32": _ONE_KERNEL_TIE.format("a loop fusion"),
     "linear_scale_residual": _ONE_KERNEL_TIE.format(
-        " -- GEMM rewriting folds the 0.5 (alpha) and the residual (C operand, beta = 1) into "
-        "the cuBLAS call"),
+        "a GEMM: XLA's GEMM rewriting folds the 0.5 (alpha) and the residual (the C operand, "
+        "beta = 1) into the cuBLAS call"),
 }
 
 
