@@ -128,10 +128,11 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     that; where jax.jit(fn) is finite and within `rtol` of the float64 run, the kernel must be
     finite and within `rtol` of it too (relative to the output's largest finite magnitude, plus
     the dtype's smallest normal: subnormal differences and XLA's flushing of them on a CPU do not
-    count). Default `rtol` by dtype: 1e-4 float32, 1e-2 float16/bfloat16. Elsewhere jax.jit(fn)
-    itself lost range or precision in its own dtypes (an fp16 x*x that overflowed, an exp that
-    underflowed to 0 and met an inf): no kernel is held to its answer there, and a failure
-    message counts those elements. This is the float test's rule (`verify.float_diff`).
+    count), or the ±inf such a value rounds to in that dtype (fp16 -65521 is -inf). Default
+    `rtol` by dtype: 1e-4 float32, 1e-2 float16/bfloat16. Elsewhere jax.jit(fn) itself lost
+    range or precision in its own dtypes (an fp16 x*x that overflowed, an exp that underflowed
+    to 0 and met an inf): no kernel is held to its answer there, and a failure message counts
+    those elements. This is the float test's rule (`verify.float_diff`).
 
     `scale`: the spread of the ordinary inputs, halved (up to 8 times) until jax.jit(fn) agrees
     with its float64 run on them (a softmax without max shift overflows fp16 at unit scale);
@@ -289,19 +290,21 @@ class Held:
     scale: float           # the largest finite magnitude of the exact output
     tiny: float            # the output dtype's smallest normal: below it, no relative precision
     rtol: float
+    limit: float = np.inf  # the least magnitude the output dtype rounds to ±inf
 
     @classmethod
     def of(cls, own, exact, rtol: float) -> "Held":
         own = np.asarray(own)
-        tiny = float(np.finfo(own.dtype).smallest_normal) \
-            if np.issubdtype(own.dtype, np.floating) else 0.0
+        floating = np.issubdtype(own.dtype, np.floating)
+        tiny = float(np.finfo(own.dtype).smallest_normal) if floating else 0.0
         o, e = np.asarray(own, np.float64), np.asarray(exact, np.float64)
         with np.errstate(all="ignore"):
             finite = np.isfinite(o) & np.isfinite(e)
             scale = max(float(np.max(np.abs(e[finite]), initial=0.0)), tiny)
             right = finite & (np.abs(np.where(finite, o - e, 0.0)) <= rtol * scale + tiny)
         special = ~np.isfinite(o) & _same(o, e)
-        return cls(o, e, right, special, scale, tiny, rtol)
+        return cls(o, e, right, special, scale, tiny, rtol,
+                   overflow_limit(own.dtype) if floating else np.inf)
 
     @property
     def lost(self) -> int:
@@ -313,7 +316,22 @@ class Held:
         with np.errstate(all="ignore"):
             off = np.abs(np.where(self.right, got - self.exact, 0.0))
             close = np.isfinite(got) & (off <= self.rtol * self.scale + self.tiny)
+            close |= self.rounds_to(got)
         return (self.special & ~_same(got, self.own)) | (self.right & ~close)
+
+    def rounds_to(self, got) -> np.ndarray:
+        """Where `got` is the ±inf that a value within tolerance of the exact one rounds to in
+        the output dtype: -65521 (float64) is -inf in fp16, the correctly rounded answer, even
+        where jax.jit's own rounding kept -65440."""
+        reach = np.abs(self.exact) + self.rtol * self.scale + self.tiny
+        return np.isinf(got) & (np.sign(got) == np.sign(self.exact)) & (reach >= self.limit)
+
+
+def overflow_limit(dtype) -> float:
+    """The least magnitude that rounds to ±inf in `dtype`: its largest finite value plus half a
+    unit in the last place (65520 in fp16)."""
+    info = np.finfo(dtype)
+    return float(info.max) + 2.0 ** (info.maxexp - 1 - info.nmant) / 2
 
 
 def _same(a, b) -> np.ndarray:
