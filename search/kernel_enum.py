@@ -253,8 +253,14 @@ class KernelEnumerator:
 
     def _blocks(self, srcs, sk, goal):
         """Closed block graphs for one (inputs, skeleton, goal), yielded as they are found;
-        remembered once the enumeration has run to the end."""
-        key = (tuple(t.node for t in srcs), sk, goal)
+        remembered once the enumeration has run to the end.
+
+        Remembered by what the block enumeration reads of each input (shape, dtype, expression,
+        labels, mask or not), not by the node: tensors that different earlier kernels computed
+        the same way share one enumeration (the closed block graphs are the same; only the
+        custom op's sources differ)."""
+        key = (tuple((t.node.shape, t.node.dtype, t.expr, t.labels, is_mask(t.node))
+                     for t in srcs), sk, goal)
         counters = self.ctx.counters
         done = self.block_cache.get(key)
         if done is not None:

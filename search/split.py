@@ -29,24 +29,27 @@ _COMBINABLE = _SUMS | RUNNING_ACCUMULATORS | RESCALE_ACCUMULATORS
 
 def split_structures(graph: KernelGraph, max_kernel_ops: int, max_custom_ops: int,
                      splits: int = SPLITS) -> list[KernelGraph]:
-    """Every graph made by splitting one of `graph`'s loop kernels, within the config's limits."""
-    kernel_ops = sum(1 for n in graph.nodes if n.op not in (KOp.INPUT, KOp.CONSTANT, KOp.IOTA))
-    customs = graph.custom_ops()
-    if len({bg for bg, _ in customs}) + 1 > max_custom_ops or kernel_ops + 1 > max_kernel_ops:
+    """Every graph made by splitting one of `graph`'s loop kernels, within the config's limits
+    (the split adds one kernel op, a custom one)."""
+    customs = {(bg, srcs) for bg, srcs in graph.custom_ops()}
+    library = sum(1 for n in graph.nodes
+                  if n.op not in (KOp.INPUT, KOp.CONSTANT, KOp.IOTA, KOp.CUSTOM))
+    if len(customs) + 1 > max_custom_ops or len(customs) + library + 1 > max_kernel_ops:
         return []
     out = []
-    for bg, srcs in customs:
+    for bg, srcs in graph.custom_ops():
         try:
-            split = split_kernel(bg, splits)
-        except MugraphError:
+            parts = split_kernel(bg, splits)
+            if parts is not None:
+                out.append(_replaced(graph, (bg, srcs), *parts))
+        except MugraphError:       # a split the IR rejects (shapes, phases) is not made
             continue
-        if split is not None:
-            out.append(_replaced(graph, (bg, srcs), *split))
     return out
 
 
 def split_kernel(bg: BlockGraph, splits: int):
-    """(kernel 1, kernel 2 builder) for one block graph, or None when it cannot be split."""
+    """The pieces of `bg`'s split (kernel 1, the split axis, the slice count, the partial
+    accumulators, `bg`'s phases), or None when it cannot be split."""
     axis = _free_axis(bg)
     phase = bg.phases()
     accs = [n for n in bg.nodes if phase[n] is Phase.ACCUMULATOR]
