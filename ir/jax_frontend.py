@@ -465,7 +465,7 @@ def lift_reduce_precision(eqn, x):
     if narrow is None:
         raise _Unsupported(f"rounding to {bits[0]} exponent and {bits[1]} mantissa bits",
                            hint="mugraph rounds to float16 (5, 10) or bfloat16 (8, 7) only")
-    return View(x.node.cast(narrow).cast(x.node.dtype), x.labels, x.shape)
+    return View(_cast(_cast(x.node, narrow), x.node.dtype), x.labels, x.shape)
 
 
 def _in_dtype(node: KNode, dtype: DType) -> KNode:
