@@ -17,7 +17,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.thread import ELEMENTWISE, fuse_threads
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TERNARY, TOp, UNARY, is_mask)
-from mugraph.search.casts import cast_targets, spec_casts
+from mugraph.search.casts import cast_targets, operand_casts
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
@@ -222,7 +222,7 @@ class BlockEnumerator:
         self._partials: dict = {}
         self.spec_forms, self.inside_forms = spec_forms(ctx.spec)
         self.scales = structure_scales(ctx.spec)
-        self.casts = spec_casts(ctx.spec)
+        self.casts = operand_casts(ctx.spec)
         if not self.units:
             self.inside_forms = frozenset()
         inputs, exprs, labels, phases = [], {}, {}, {}

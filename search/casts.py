@@ -2,28 +2,58 @@
 
 A cast's abstract expression is its operand's (real arithmetic has no rounding), so the expression
 test cannot place casts; the spec's own casts say where the program rounds. `spec_casts` lists them
-as (normal form of the cast operand, target dtype) pairs: a candidate may round the same value the
-same way, e.g. a normalised tile to fp16 before a matmul (one fp16 MMA, as the program computes).
+as (normal form of the cast operand, target dtype) pairs: a kernel-level candidate may round the
+same value the same way (an fp32 copy of fp16 values before a sum). Block values are fp32 registers
+already, so a block cast matters where a 16-bit MMA reads it: `operand_casts` are the casts the
+spec multiplies (a normalised Q rounded to fp16 before Q @ K: one fp16 MMA, as the program computes,
+not three bf16 ones); other roundings inside a kernel only make it less precise than it may be.
 """
 from __future__ import annotations
 
 import weakref
 
 from mugraph.ir import DType, KernelGraph
-from mugraph.ir.ops import TOp
+from mugraph.ir.ops import KERNEL_LAYOUT, KOp, TOp
 from mugraph.verify import abstract
 from mugraph.verify.abstract import normalize as N
 
-_CASTS: "weakref.WeakKeyDictionary[KernelGraph, frozenset]" = weakref.WeakKeyDictionary()
+_CASTS: "weakref.WeakKeyDictionary[KernelGraph, tuple]" = weakref.WeakKeyDictionary()
 
 
 def spec_casts(spec: KernelGraph) -> frozenset:
     """{(normal form, dtype)}: the spec rounds a value of that form to that dtype."""
+    return _casts(spec)[0]
+
+
+def operand_casts(spec: KernelGraph) -> frozenset:
+    """The `spec_casts` whose cast a matmul of the spec reads (through layout ops)."""
+    return _casts(spec)[1]
+
+
+def _casts(spec: KernelGraph) -> tuple:
     found = _CASTS.get(spec)
     if found is None:
         exprs = abstract.expressions(spec)
-        forms = ((N.normalize(exprs[n.srcs[0]]), n.arg) for n in spec.nodes if n.op is TOp.CAST)
-        found = _CASTS[spec] = frozenset(c for c in forms if c[0] is not None)
+        every, operands = set(), set()
+        multiplied = _matmul_operands(spec)
+        for n in spec.nodes:
+            form = N.normalize(exprs[n.srcs[0]]) if n.op is TOp.CAST else None
+            if form is not None:
+                every.add((form, n.arg))
+                if n in multiplied:
+                    operands.add((form, n.arg))
+        found = _CASTS[spec] = (frozenset(every), frozenset(operands))
+    return found
+
+
+def _matmul_operands(spec: KernelGraph) -> set:
+    """The nodes a matmul reads, and what layout ops it reads through."""
+    found, stack = set(), [s for n in spec.nodes if n.op is KOp.MATMUL for s in n.srcs]
+    while stack:
+        n = stack.pop()
+        if n not in found:
+            found.add(n)
+            stack.extend(n.srcs if n.op in KERNEL_LAYOUT else ())
     return found
 
 
