@@ -163,3 +163,16 @@ def test_an_index_beyond_fp16s_exact_integers_is_rounded_as_jax_rounds_it():
     x = np.ones((2, 4096), np.float16)
     (own,) = ir.interpret(spec, [x], dtype="own")
     np.testing.assert_array_equal(own, np.asarray(jax.jit(fn)(x)))
+
+
+def test_the_formal_check_proves_casts_in_real_arithmetic_and_says_so():
+    from mugraph.verify.abstract import prove_equivalent
+    x = ir.input("x", (8, 16), "float16")
+    with_casts = ir.KernelGraph([(x.cast("float32").exp() * 2.0).cast("float16")])
+    plain = ir.KernelGraph([x.exp() * 2.0])
+    proof = prove_equivalent(with_casts, plain)
+    assert proof.proved and "proved in real arithmetic" in proof.detail
+    assert not prove_equivalent(with_casts, ir.KernelGraph([x.exp() * 3.0])).proved
+    report = check(with_casts, plain, seed=0)
+    assert report.formal_status == "proved"
+    assert "in real arithmetic (rounding is the float test's)" in str(report)
