@@ -22,12 +22,14 @@ SHOWN = 4   # positions listed per kind in a failure message
 
 
 # ---- values ----------------------------------------------------------------------------------------
-def special_value(name: str, dtype) -> float:
-    """One named IEEE value in `dtype` ("max": its largest finite value; "subnormal": a quarter of
-    its smallest normal)."""
+def special_value(name: str, dtype, large: float | None = None) -> float:
+    """One named IEEE value in `dtype` ("max": its largest finite value, or twice `large` where
+    that is less: the most an input whose first sum or matmul reaches the dtype's limit at
+    `large` is given; "subnormal": a quarter of its smallest normal)."""
     info = np.finfo(dtype)
-    table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "max": float(info.max),
-             "-max": -float(info.max), "subnormal": float(info.smallest_normal) / 4, "-0": -0.0}
+    top = float(info.max) if large is None else min(float(info.max), 2 * large)
+    table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "max": top, "-max": -top,
+             "subnormal": float(info.smallest_normal) / 4, "-0": -0.0}
     if name not in table:
         raise InvalidInput(f"unknown special value {name!r}", hint=f"use one of {SPECIAL_VALUES}")
     return table[name]
@@ -60,7 +62,7 @@ def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
     toward seed 0, the normal regime, no masked row, fewer specials at the first positions.
 
     `large`: the magnitude of the "large" regime (default max/2; `kernel_inputs` sizes it per
-    input as the float test does). `subnormals=False` leaves out the subnormal regime and value;
+    input as the float test does); ±max values are at most twice it. `subnormals=False` leaves out the subnormal regime and value;
     `values` are the special values it may place.
     """
     dtype = np.dtype(dtype)
@@ -83,7 +85,7 @@ def _array(shape, dtype, scale, large, seed, regime, overlay, mask) -> np.ndarra
     a = _base(np.random.default_rng(seed), shape, dtype, regime, scale, large)
     flat = a.reshape(-1)
     for index, name in overlay:
-        flat[index] = special_value(name, dtype)
+        flat[index] = special_value(name, dtype, large)
     if mask is not None:
         dim, where = mask
         where = list(where)

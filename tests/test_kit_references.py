@@ -13,7 +13,7 @@ from hypothesis import Phase, given, settings
 
 from mugraph import ir
 from mugraph.testing import assert_kernel_matches, kernel_inputs
-from mugraph.testing_kit import Program, output_mismatch
+from mugraph.testing_kit import Program, output_mismatch, special_value
 
 
 def column_max(X, W):
@@ -108,6 +108,25 @@ def test_no_input_list_mixes_infinities_or_nan_with_values_near_the_limit():
 
     draw()
     assert seen == {"special", "range"}
+
+
+def test_max_values_are_capped_where_the_program_reaches_its_limit_sooner():
+    """±max in a matmul operand is twice the operand's large magnitude, not FLT_MAX: at FLT_MAX,
+    b * g + b with b = g = FLT_MAX overflowed in the harness (two roundings) where jax.jit (an
+    FMA) stayed finite, a difference of contraction, not of the program."""
+    assert special_value("max", np.float32) == float(np.finfo(np.float32).max)
+    assert special_value("-max", np.float32, large=1e18) == -2e18
+    assert special_value("max", np.float16, large=1e9) == float(np.finfo(np.float16).max)
+    graph = _lifted(lambda x, w: x @ w, (8, 16), (16, 8))
+
+    @settings(max_examples=40, phases=[Phase.generate])
+    @given(kernel_inputs(graph))
+    def draw(arrays):
+        for a in arrays:
+            finite = np.abs(np.asarray(a, np.float64)[np.isfinite(a)])
+            assert finite.max(initial=0) <= 2 * (np.finfo(np.float32).max / 32) ** 0.5
+
+    draw()
 
 
 # ---- inputs placed by the program, for a bare fused graph ------------------------------------------
