@@ -22,12 +22,14 @@ SHOWN = 4   # positions listed per kind in a failure message
 
 
 # ---- values ----------------------------------------------------------------------------------------
-def special_value(name: str, dtype) -> float:
-    """One named IEEE value in `dtype` ("max": its largest finite value; "subnormal": a quarter of
-    its smallest normal)."""
+def special_value(name: str, dtype, large: float | None = None) -> float:
+    """One named IEEE value in `dtype` ("max": its largest finite value, or twice `large` where
+    that is less: the most an input whose first sum or matmul reaches the dtype's limit at
+    `large` is given; "subnormal": a quarter of its smallest normal)."""
     info = np.finfo(dtype)
-    table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "max": float(info.max),
-             "-max": -float(info.max), "subnormal": float(info.smallest_normal) / 4, "-0": -0.0}
+    top = float(info.max) if large is None else min(float(info.max), 2 * large)
+    table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "max": top, "-max": -top,
+             "subnormal": float(info.smallest_normal) / 4, "-0": -0.0}
     if name not in table:
         raise InvalidInput(f"unknown special value {name!r}", hint=f"use one of {SPECIAL_VALUES}")
     return table[name]
@@ -51,8 +53,8 @@ def _base(rng, shape, dtype, regime: str, scale: float, large: float | None) -> 
 # ---- strategies ------------------------------------------------------------------------------------
 def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
                 large: float | None = None, specials: bool = True, masked_rows: bool = True,
-                mask_dim: int | None = None, regimes=REGIMES,
-                subnormals: bool = True) -> st.SearchStrategy:
+                mask_dim: int | None = None, regimes=REGIMES, subnormals: bool = True,
+                values=SPECIAL_VALUES) -> st.SearchStrategy:
     """Arrays of `shape` and `dtype`: a seeded finite background in a drawn regime (normal, near
     the dtype's limit, subnormal), up to MAX_SPECIALS special values (SPECIAL_VALUES) at drawn
     positions and, for rank >= 2, maybe one masked row (-inf along `mask_dim`, the dim a softmax
@@ -60,51 +62,30 @@ def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
     toward seed 0, the normal regime, no masked row, fewer specials at the first positions.
 
     `large`: the magnitude of the "large" regime (default max/2; `kernel_inputs` sizes it per
-    input as the float test does). `subnormals=False` leaves out the subnormal regime and value.
+    input as the float test does); ±max values are at most twice it. `subnormals=False` leaves out the subnormal regime and value;
+    `values` are the special values it may place.
     """
-    return _drawn_arrays(shape, dtype, scale=scale, large=large, specials=specials,
-                         masked_rows=masked_rows, mask_dim=mask_dim, regimes=regimes,
-                         subnormals=subnormals).map(lambda d: d.array)
-
-
-def _drawn_arrays(shape, dtype="float32", *, scale: float = 1.0, large: float | None = None,
-                  specials: bool = True, masked_rows: bool = True, mask_dim: int | None = None,
-                  regimes=REGIMES, subnormals: bool = True) -> st.SearchStrategy:
-    """`ieee_arrays`, each array drawn with whether it is a range test (`Drawn`)."""
     dtype = np.dtype(dtype)
     shape = tuple(int(d) for d in shape)
     size = int(np.prod(shape, dtype=np.int64))
     regimes = tuple(r for r in regimes if subnormals or r != "subnormal") or ("normal",)
-    names = tuple(v for v in SPECIAL_VALUES if subnormals or v != "subnormal")
+    names = tuple(v for v in values if subnormals or v != "subnormal")
     overlay = st.lists(st.tuples(st.integers(0, size - 1), st.sampled_from(names)),
-                       max_size=MAX_SPECIALS) if specials and size else st.just([])
+                       max_size=MAX_SPECIALS) if specials and size and names else st.just([])
     mask = st.none()
     if masked_rows and len(shape) >= 2:
         dims = st.just(mask_dim % len(shape)) if mask_dim is not None else \
             st.integers(0, len(shape) - 1)
         mask = st.none() | st.tuples(dims, st.tuples(*(st.integers(0, n - 1) for n in shape)))
-    return _draws(shape, dtype, scale, large, regimes, overlay, mask)
-
-
-@dataclass(frozen=True, eq=False)
-class Drawn:
-    """One drawn array and whether it is a range test: the large regime or a ±max value."""
-
-    array: np.ndarray
-    near_limit: bool
-
-
-def _draws(shape, dtype, scale, large, regimes, overlay, mask) -> st.SearchStrategy:
     parts = st.tuples(st.integers(0, 2**16 - 1), st.sampled_from(regimes), overlay, mask)
-    return parts.map(lambda p: Drawn(_array(shape, dtype, scale, large, *p),
-                                     p[1] == "large" or any(v in ("max", "-max") for _, v in p[2])))
+    return parts.map(lambda p: _array(shape, dtype, scale, large, *p))
 
 
 def _array(shape, dtype, scale, large, seed, regime, overlay, mask) -> np.ndarray:
     a = _base(np.random.default_rng(seed), shape, dtype, regime, scale, large)
     flat = a.reshape(-1)
     for index, name in overlay:
-        flat[index] = special_value(name, dtype)
+        flat[index] = special_value(name, dtype, large)
     if mask is not None:
         dim, where = mask
         where = list(where)
@@ -119,23 +100,43 @@ def kernel_inputs(kernel, **options) -> st.SearchStrategy:
     What the spec does with each input places the values as the float test does
     (`verify.special_values`): the "large" regime is sized by the first sum or matmul the input
     reaches (`large_value`), and masked rows run along the dim of the softmax the input reaches
-    (`softmax_reach`). `options` go to `ieee_arrays` for every input."""
-    return _kernel_draws(kernel, **options).map(lambda draws: [d.array for d in draws])
+    (`softmax_reach`). `options` go to `ieee_arrays` for every input.
 
-
-def _kernel_draws(kernel, **options) -> st.SearchStrategy:
-    """`kernel_inputs`, each array drawn with whether it is a range test (`Drawn`)."""
+    Each list is one of two kinds, as the float test's cases are: special values (NaN, ±inf,
+    masked rows, subnormals, -0 over normal or subnormal backgrounds) or a range test (the large
+    regime and ±max, no infinities or NaN). Mixed, an inf meets a product that overflowed, and
+    whether that is inf - inf depends on the order a kernel sums in, not on the program."""
     from mugraph.verify.special_values import large_value, softmax_reach
     graph = getattr(kernel, "graph", kernel)
     spec = getattr(kernel, "spec", graph)
-    strategies = []
+    placed = []
     for node in graph.inputs:
         twin = next((n for n in spec.inputs if n.arg[0] == node.arg[0]), None)
-        placed = {}
-        if twin is not None:
-            placed = {"large": large_value(spec, twin)[0], "mask_dim": softmax_reach(spec, twin)}
-        strategies.append(_drawn_arrays(node.shape, node.dtype.numpy, **(placed | options)))
-    return st.tuples(*strategies).map(list)
+        placed.append({} if twin is None else
+                      {"large": large_value(spec, twin)[0], "mask_dim": softmax_reach(spec, twin)})
+    kinds = [k for k in (_kind(graph, placed, options, kind) for kind in KINDS) if k is not None]
+    if not kinds:
+        raise InvalidInput(f"regimes={options.get('regimes')!r} leaves nothing to draw",
+                           hint=f"use some of {REGIMES}")
+    return st.one_of(*kinds)
+
+
+SPECIALS_KIND = dict(regimes=("normal", "subnormal"), exclude=("max", "-max"), masked_rows=True)
+RANGE_KIND = dict(regimes=("normal", "large"), exclude=("nan", "inf", "-inf", "subnormal"),
+                  masked_rows=False)
+KINDS = (SPECIALS_KIND, RANGE_KIND)   # the first is where shrinking ends
+
+
+def _kind(graph, placed, options, kind) -> st.SearchStrategy | None:
+    """One kind of input list (`kernel_inputs`) within what `options` allow; None if nothing."""
+    regimes = tuple(r for r in options.get("regimes", REGIMES) if r in kind["regimes"])
+    values = tuple(v for v in options.get("values", SPECIAL_VALUES) if v not in kind["exclude"])
+    if not regimes:
+        return None
+    masked = options.get("masked_rows", True) and kind["masked_rows"]
+    own = options | dict(regimes=regimes, values=values, masked_rows=masked)
+    return st.tuples(*(ieee_arrays(n.shape, n.dtype.numpy, **(p | own))
+                       for n, p in zip(graph.inputs, placed))).map(list)
 
 
 # ---- the assertion ---------------------------------------------------------------------------------
@@ -162,7 +163,10 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     to 0 and met an inf): no kernel is held to its answer there, and a failure message counts
     those elements. This is the float test's rule (`verify.float_diff`). Where an input holds
     float32-range subnormals, a kernel that agrees once they are read as zeros passes too: XLA on
-    a CPU reads them so (`flushed`), a GPU and the kernel need not.
+    a CPU reads them so (`flushed`), a GPU and the kernel need not. Where jax.jit(fn) and its
+    float64 run drop a NaN that the spec run in float64 by NumPy keeps (XLA's CPU max and min
+    over axis 0 do), that element is not compared; the spec is `kernel.spec`, or `fn` lifted for
+    a bare graph, and is used only if it agrees with fn on ordinary inputs.
 
     `scale`: the spread of the ordinary inputs, halved (up to 8 times) until jax.jit(fn) agrees
     with its float64 run on them (a softmax without max shift overflows fp16 at unit scale);
@@ -186,12 +190,11 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     names = kernel.graph.input_names
 
     @config
-    @given(_kernel_draws(kernel, scale=scale, **options))
-    def check(draws):
-        arrays, near_limit = [d.array for d in draws], any(d.near_limit for d in draws)
-        i, mismatch = first_mismatch(program, run, arrays, rtol, near_limit)
+    @given(kernel_inputs(kernel, scale=scale, **options))
+    def check(arrays):
+        i, mismatch = first_mismatch(program, run, arrays, rtol)
         zeroed = flushed(arrays) if mismatch else None   # subnormals read as XLA on a CPU does
-        if zeroed is not None and not first_mismatch(program, run, zeroed, rtol, near_limit)[1]:
+        if zeroed is not None and not first_mismatch(program, run, zeroed, rtol)[1]:
             mismatch = ""
         if mismatch:
             raise AssertionError(f"output {i} of the kernel ({backend}) differs from "
@@ -201,12 +204,12 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     check()
 
 
-def first_mismatch(program, run, arrays, rtol, near_limit: bool = False) -> tuple[int, str]:
+def first_mismatch(program, run, arrays, rtol) -> tuple[int, str]:
     """The first output where the kernel breaks what jax.jit(fn) is held to, and how."""
     own, exact = program(arrays)
     numpy = program.numpy(arrays)
     for i, (o, e, n, g) in enumerate(zip(own, exact, numpy, run(arrays))):
-        mismatch = output_mismatch(o, g, _rtol(rtol, o), exact=e, numpy=n, near_limit=near_limit)
+        mismatch = output_mismatch(o, g, _rtol(rtol, o), exact=e, numpy=n)
         if mismatch:
             return i, mismatch
     return -1, ""
@@ -386,9 +389,7 @@ class Held:
     (fn in float64): `right` (finite, within rtol·scale + tiny of exact) or the same NaN / ±inf.
 
     Not held: where the spec in float64 (NumPy, `numpy`) is NaN and `exact` is not (XLA on a CPU
-    drops NaN in max/min over axis 0; NumPy and a GPU keep it). In a range test (`near_limit`: an
-    input near its dtype's limit) a NaN where `own` is ±inf passes: whether an overflowed product
-    meets that inf as inf - inf depends on the order a kernel sums in."""
+    drops NaN in max/min over axis 0; NumPy and a GPU keep it)."""
 
     own: np.ndarray        # float64 copies of jax.jit's output and of the float64 run
     exact: np.ndarray
@@ -398,10 +399,9 @@ class Held:
     tiny: float            # the output dtype's smallest normal: below it, no relative precision
     rtol: float
     limit: float = np.inf  # the least magnitude the output dtype rounds to ±inf
-    near_limit: bool = False
 
     @classmethod
-    def of(cls, own, exact, rtol: float, numpy=None, near_limit: bool = False) -> "Held":
+    def of(cls, own, exact, rtol: float, numpy=None) -> "Held":
         own = np.asarray(own)
         floating = np.issubdtype(own.dtype, np.floating)
         tiny = float(np.finfo(own.dtype).smallest_normal) if floating else 0.0
@@ -414,7 +414,7 @@ class Held:
             right = finite & (np.abs(np.where(finite, o - e, 0.0)) <= rtol * scale + tiny)
         special = ~np.isfinite(o) & _same(o, e) & ~disputed
         return cls(o, e, right & ~disputed, special, scale, tiny, rtol,
-                   overflow_limit(own.dtype) if floating else np.inf, near_limit)
+                   overflow_limit(own.dtype) if floating else np.inf)
 
     @property
     def lost(self) -> int:
@@ -427,8 +427,7 @@ class Held:
             off = np.abs(np.where(self.right, got - self.exact, 0.0))
             close = np.isfinite(got) & (off <= self.rtol * self.scale + self.tiny)
             close |= self.rounds_to(got)
-        ordered = self.near_limit & np.isinf(self.own) & np.isnan(got)
-        return (self.special & ~_same(got, self.own) & ~ordered) | (self.right & ~close)
+        return (self.special & ~_same(got, self.own)) | (self.right & ~close)
 
     def rounds_to(self, got) -> np.ndarray:
         """Where `got` is the ±inf that a value within tolerance of the exact one rounds to in
@@ -449,20 +448,19 @@ def _same(a, b) -> np.ndarray:
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
-def output_mismatch(want, got, rtol: float, exact=None, numpy=None,
-                    near_limit: bool = False) -> str:
+def output_mismatch(want, got, rtol: float, exact=None, numpy=None) -> str:
     """How `got` (the kernel's output) fails to match `want` (jax.jit's), or "" where it matches.
 
     `got` is rounded to `want`'s dtype first. With `exact` (fn run in float64), elements where
     `want` lost range or precision are not compared (see `assert_kernel_matches`); without it,
     every element is: NaN and ±inf exactly where `want` has them, finite values within
     rtol·scale + the dtype's smallest normal (scale: `want`'s largest finite magnitude).
-    `numpy` (the spec in float64) and `near_limit` (a range test) leave out what `Held` says."""
+    With `numpy` (the spec in float64), a NaN jax.jit drops and NumPy keeps is not compared."""
     want, got = np.asarray(want), np.asarray(got)
     exact = want if exact is None else np.asarray(exact)
     if got.shape != want.shape or exact.shape != want.shape:
         return f"its shape is {got.shape}, jax.jit's is {want.shape}"
-    held = Held.of(want, exact, rtol, numpy, near_limit)
+    held = Held.of(want, exact, rtol, numpy)
     with np.errstate(all="ignore"):
         g = np.asarray(got.astype(want.dtype), np.float64)
     wrong = held.wrong(g)
