@@ -1,7 +1,7 @@
-"""Search benchmark: the same as `mugraph bench search` (see mugraph.search.bench)."""
+"""Search benchmark: the same as `mugraph bench search` (see mugraph.bench_search)."""
 import sys
 
-from mugraph.search.bench import main
+from mugraph.bench_search import main
 
 if __name__ == "__main__":
     sys.exit(main())

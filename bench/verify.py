@@ -3,6 +3,8 @@ spec — the time of each method, the finite-field bound and what it is made of,
 cases the float test tried — then `check` with sampled finite-field tiles, the search's
 subexpression queries, and every method's kill rate on mutants at the workload's small shapes.
 The aim is `check` at full shape in at most 1 s per workload; each line says whether it is met.
+Times are wall-clock; the CPU time of this process is printed beside `check`'s, since on a shared
+machine the difference is time spent waiting for a core (the load average is printed first).
 
     .venv/bin/python bench/verify.py [--workloads rmsnorm_linear,gqa] [--no-mutants] [--seed 0]
                                      [--sample-blocks 2] [--mutants 40]
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -19,6 +22,7 @@ from mugraph.verify import check, generate_mutants
 from mugraph.verify.abstract import clear_caches, expressions, is_subexpression
 from mugraph.verify.abstract import expr as E
 from mugraph.verify.finite_field import clear_caches as clear_field_caches
+from mugraph.verify.float_diff import clear_cache as clear_float_cache
 from mugraph.verify.mutate import kill_rates
 
 AIM_SECONDS = 1.0
@@ -82,13 +86,16 @@ def bench_check(name: str, seed: int, sample_blocks: int) -> list[str]:
     w = workloads.get(name)
     spec, reference = w.spec(), w.reference()
     clear_field_caches()  # time check() as a first call, not from the spec-output cache
+    clear_float_cache()
+    cpu = time.process_time()
     report = check(spec, reference, seed=seed, scale=w.input_scale)
+    cpu = time.process_time() - cpu
     clear_field_caches()
     sampled = check(spec, reference, seed=seed, scale=w.input_scale, sample_blocks=sample_blocks)
     (pos, t_pos), (neg, t_neg) = subexpression_queries(spec)
     lines = [f"{name} {dict(w.shapes)}",
              f"  check         : {report.seconds:7.2f}s  {report.verdict}  "
-             f"[aim {AIM_SECONDS:g}s: {_aim(report.seconds)}]"]
+             f"[aim {AIM_SECONDS:g}s: {_aim(report.seconds)}; {cpu:.2f}s CPU]"]
     lines += field_lines(report.finite_field, "finite field")
     lines += float_lines(report.float)
     formal = report.formal
@@ -128,6 +135,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mutants", type=int, default=40, help="mutants per workload")
     parser.add_argument("--no-mutants", action="store_true")
     args = parser.parse_args(argv)
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs",
+          flush=True)
     for name in args.workloads.split(","):
         lines = bench_check(name.strip(), args.seed, args.sample_blocks)
         if not args.no_mutants:

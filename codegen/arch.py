@@ -27,9 +27,14 @@ class ArchSpec:
     max_threads: int         # threads per block
     sm_count: int = 1        # multiprocessors of the sizing GPU
     smem_per_sm: int = 0     # shared memory of one multiprocessor (bytes)
+    threads_per_sm: int = 2048  # resident threads of one multiprocessor
     inflight_per_sm: int = 0  # bytes an SM keeps in flight to stream HBM at full rate (bandwidth x latency)
     hbm_rate: float = 0.0    # bytes/s streaming kernels reach (peak x efficiency)
     sm_fill_rate: float = 0.0  # bytes/s one SM pulls from L2
+    mma_rate: float = 0.0    # tensor-core FLOP/s of one SM with mma.sync
+    handoff_s: float = 0.0   # a split loop's hand-over: partials fenced, counted in, first read (s)
+    latency_s: float = 1.0   # the latency a load sees while HBM streams (s): in flight / latency = rate
+    subpartitions: int = 4   # processing blocks per SM: fewer resident warps leave tensor cores idle
     max_stages: int = MAX_STAGES
     smem_align: int = 128    # every shared buffer starts on a 128-byte line (swizzles assume it)
     fp32_matmul: str = "bf16x3"  # fp32 x fp32 block matmuls: "bf16x3" (tensor cores) or "simt" (exact fp32)
@@ -40,8 +45,11 @@ def _spec(name: str, limit: int, threads: int) -> ArchSpec:
     c = calibration.constants(calibration.SIZING_TARGET[name])
     inflight = c["hbm_bandwidth"] * c["hbm_efficiency"] * c["loaded_latency_s"] / c["sm_count"]
     return ArchSpec(name, smem_limit=limit, max_threads=threads, sm_count=int(c["sm_count"]),
-                    smem_per_sm=int(c["smem_per_sm"]), inflight_per_sm=int(inflight),
-                    hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"])
+                    smem_per_sm=int(c["smem_per_sm"]), threads_per_sm=int(c["max_threads_per_sm"]),
+                    inflight_per_sm=int(inflight),
+                    hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"],
+                    mma_rate=c["mma_sync_flops"] / c["sm_count"], handoff_s=c["hbm_latency_s"],
+                    latency_s=c["loaded_latency_s"], subpartitions=int(c["sm_subpartitions"]))
 
 
 ARCHS: Mapping[str, ArchSpec] = MappingProxyType({

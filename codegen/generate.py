@@ -17,6 +17,7 @@ from mugraph.codegen import render as R
 from mugraph.codegen.arch import get_arch
 from mugraph.codegen.lower import InputView, KernelIR, OutputView, Step
 from mugraph.codegen.plan import Buffer, GraphPlanner, LaunchPlan, SmemPlan, lower_and_plan, param_ctype
+from mugraph.codegen.schedule import kernel_schedule
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
@@ -52,7 +53,7 @@ def generate(graph: KernelGraph, arch="sm_80", *, prefix: str = "mg_kernel") -> 
         views = ([replace(v, param=cname.get(v.param)) for v in ck.inputs],
                  [OutputView(cname[o]) for o in ck.outputs])
         ir, plan = lower_and_plan(ck.graph, spec, ck.name, views)
-        kernels.append(render_kernel(ir, plan))
+        kernels.append(render_kernel(ir, plan, kernel_schedule(ck.graph, spec).min_blocks))
         fixed[ck.name] = _split_launch(ir, plan, buffers)
     launches = [fixed[k.name](k) if k.kind == "custom" else k for k in launches]
     arch = spec.name
@@ -96,7 +97,9 @@ def generate_cuda(graph: KernelGraph, arch: str = "sm_80") -> str:
 _OFFSET = re.compile(r"\{off:(\w+)\}")
 
 
-def render_kernel(ir: KernelIR, smem: SmemPlan) -> str:
+def render_kernel(ir: KernelIR, smem: SmemPlan, min_blocks: int = 1) -> str:
+    """The ``__global__`` function's text; ``min_blocks``: the CTAs per SM its plan keeps resident (ptxas sizes
+    registers for them, and no smaller: without it ptxas aims at more CTAs and spills)."""
     g = ir.graph
     w = R.CodeWriter()
     w(f"// {ir.name}: grid {g.grid} x {g.threads} threads, forloop {g.forloop}; "
@@ -104,7 +107,7 @@ def render_kernel(ir: KernelIR, smem: SmemPlan) -> str:
     for a in smem.allocations:
         w(f"//   {a.name} [{a.offset}, {a.end}) {a.what}")
     params = ", ".join(f"{param_ctype(dtype, const)} {name}" for name, dtype, const in ir.params)
-    w.open(f"MG_GLOBAL void MG_LAUNCH_BOUNDS({g.threads}) {ir.name}({params})")
+    w.open(f"MG_GLOBAL void MG_LAUNCH_BOUNDS({g.threads}, {min_blocks}) {ir.name}({params})")
     if smem.allocations:
         w("MG_SHARED_DYN(smem);")
     offsets = {a.name: a.offset for a in smem.allocations}

@@ -124,6 +124,11 @@ def choose_frag(batch: int, m: int, n: int, warps: int) -> Frag:
     return Frag(batch, m, n, warps, wb, wm, wn)
 
 
+def same_rows(a: Frag, b: Frag) -> bool:
+    """Whether every thread holds the same rows, in the same row slots, in both Frags (their columns may differ)."""
+    return (a.batch, a.m, a.warps, a.wb, a.wm, a.wn) == (b.batch, b.m, b.warps, b.wb, b.wm, b.wn)
+
+
 @dataclass(frozen=True)
 class Rows:
     """A ``[batch, m, 1]`` value in a Frag's row registers: ``float v[tb][tm][2]``, rows g and g + 8 of each m16

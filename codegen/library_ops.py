@@ -66,6 +66,7 @@ ELEMENTWISE: Mapping[TOp, Callable] = {
     TOp.NE: lambda xp, sp, x, y, arg: (x != y).astype(xp.float32),
     TOp.IS_FINITE: lambda xp, sp, x, arg: xp.isfinite(x).astype(xp.float32),
     TOp.SELECT: lambda xp, sp, c, a, b, arg: xp.where(c != 0, a, b),
+    TOp.CAST: lambda xp, sp, x, arg: x,   # the store rounds to node.dtype, the cast's target
 }
 
 

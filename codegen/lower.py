@@ -66,6 +66,7 @@ class Lowering:
         self.mats: dict = {}
         self.staged: dict = {}
         self.frags: dict[Frag, str] = {}
+        self.hoisted: dict = {}               # (A operand, Frag, dtype) -> its fragments kept in registers (mma)
         self.group_vars: dict[int, str] = {}
         self.acc_state: dict = {}
         self.in_place: set = set()

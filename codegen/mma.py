@@ -26,8 +26,10 @@ def lower_matmul(lw: Lowering, node) -> None:
         simt_matmul(lw, node)
         return
     # fp32 x fp32: three bf16 products of the operands' high and low halves (lo*hi + hi*lo + hi*hi), fp32
-    # accumulation: about 2^-16 relative error and fp32's range, on tensor cores.
-    parts = [("", "")] if dt.is_16bit else [("lo", "hi"), ("hi", "lo"), ("hi", "hi")]
+    # accumulation: about 2^-16 relative error and fp32's range, on tensor cores. The cross products read hi with
+    # its inf/NaN halves zeroed ("hf"): an inf operand's residual is 0, and inf * 0 must not turn the hi*hi
+    # product's inf into NaN.
+    parts = [("", "")] if dt.is_16bit else [("lo", "hf"), ("hf", "lo"), ("hi", "hi")]  # FP32_MMA_PRODUCTS
     dt = dt if dt.is_16bit else DType.BFLOAT16
     shape = tuple(node.shape)
     f = choose_frag(prod(shape[:-2]), shape[-2], shape[-1], lw.W)
@@ -40,17 +42,57 @@ def lower_matmul(lw: Lowering, node) -> None:
         var = lw.fresh("v")
         decls = [f"float {var}{loops.dims(f)} = {{}};"]
     lines, reads = [], set()
+    hoisted = hoist_a(lw, node, f, dt) if parts == [("", "")] else None
     if acc_node is not None and acc_node.op in RESCALE_ACCUMULATORS:
         lines += accumulators.rescale_lines(lw, acc_node, Reg(f, var), shape)
         reads |= accumulators.factor_reads(lw, acc_node, f, shape)
     for part_a, part_b in parts:
-        a_src = operand(lw, a, "A", dt, f, node, part_a)
-        b_src = operand(lw, b, "B", dt, f, node, part_b)
+        a_src = hoisted or operand(lw, a, "A", dt, f, node, _SPLIT_BUFFER.get(part_a, part_a))
+        b_src = operand(lw, b, "B", dt, f, node, _SPLIT_BUFFER.get(part_b, part_b))
         reads |= {s[1] for s in (a_src, b_src) if s[0] == "smem"}
-        lines += mma_lines(lw, node, f, var, a_src, b_src, dt)
+        lines += mma_lines(lw, node, f, var, a_src, b_src, dt, finite=(part_a == "hf", part_b == "hf"))
     lw.place[node] = Reg(f, var)
     how = "tensor cores" if parts == [("", "")] else "tensor cores (fp32 as 3 bf16 products)"
     lw.emit(Step("", lines, decls=decls, reads=reads, note=f"{describe(node)} on {how}"))
+
+
+FP32_MMA_PRODUCTS = 3  # an fp32 x fp32 block matmul on tensor cores: lo*hi + hi*lo + hi*hi in bf16
+HOIST_REGS = 32  # registers per thread a loop-invariant A operand's fragments may keep across the loop
+_SPLIT_BUFFER = {"hf": "hi"}  # the finite high half is the high half's buffer, masked in registers after ldmatrix
+
+
+def hoist_a(lw: Lowering, node, f: Frag, dt: DType):
+    """A loop product whose A operand is loop-invariant (a query tile): its fragments are loaded by ldmatrix once,
+    before the loop, into registers that every iteration reads (``("hoisted", var)``), when they fit the
+    register budget; else None (ldmatrix every iteration)."""
+    a = node.srcs[0]
+    if lw.phase[node] is not Phase.LOOP or lw.phase[a] is not Phase.INVARIANT:
+        return None
+    kt = ceil_div(a.shape[-1], MMA.k)
+    if f.tb * kt * f.tm * MMA.a.regs > HOIST_REGS:
+        return None
+    key = (a, f, dt)
+    if key not in lw.hoisted:
+        src = operand(lw, a, "A", dt, f, node)
+        if src[0] != "smem":
+            return None
+        lw.hoisted[key] = _load_hoisted(lw, node, f, src, dt, kt)
+    return lw.hoisted[key]
+
+
+def _load_hoisted(lw: Lowering, node, f: Frag, src, dt: DType, kt: int):
+    _, buf, aptr, alay, ashape = src
+    fv = lw.frag_var(f)
+    var = lw.fresh("qa")
+    lw.kernel_decls.append(f"unsigned {var}[{f.tb}][{kt}][{f.tm}][{MMA.a.regs}];  // A fragments of "
+                           f"{describe(node.srcs[0])}, kept in registers across the loop")
+    storage = R.DTYPE_C[dt].storage
+    body = [f"const {storage}* const a_ = {aptr}" + _offset(_batch_map(ashape, node.shape, "b_"), alay.matrix_elems)
+            + ";", "#pragma unroll", f"for (int ks = 0; ks < {kt}; ++ks) {{"]
+    body += ["  " + line.replace("a[mi]", f"{var}[bi][ks][mi]") for line in _a_by_ldmatrix(f, fv, alay)] + ["}"]
+    lw.emit(Step("", _per_warp_tile(f, fv, body), reads={buf},
+                 note=f"A fragments of {describe(node.srcs[0])} into registers, once"), "pro")
+    return ("hoisted", var)
 
 
 def in_place_target(lw: Lowering, node):
@@ -189,17 +231,16 @@ def _offset(batch: str, stride: int) -> str:
     return f" + {batch} * {stride}"
 
 
-def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) -> list[str]:
+def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType,
+              finite: tuple = (False, False)) -> list[str]:
     """The k-step loop of one product: A and B fragments by ldmatrix (or A from registers), then the mmas. Every
-    lane address and register pairing is rendered from the ``PATH`` tables."""
+    lane address and register pairing is rendered from the ``PATH`` tables. ``finite``: zero the inf/NaN halves
+    of the A / B fragments after loading them."""
     fv = lw.frag_var(f)
     kt = ceil_div(node.srcs[0].shape[-1], MMA.k)
     out_shape = tuple(node.shape)
     storage = R.DTYPE_C[dt].storage
     body = []
-    b_expr = f"{fv}b + bi"
-    if f.wb * f.tb > f.batch:
-        b_expr = f"({fv}b + bi < {f.batch} ? {fv}b + bi : {f.batch - 1})"
     if a_src[0] == "smem":
         _, _, aptr, alay, ashape = a_src
         body.append(f"const {storage}* const a_ = {aptr}"
@@ -209,17 +250,38 @@ def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType) ->
                 + _offset(_batch_map(bshape, out_shape, "b_"), blay.matrix_elems) + ";")
     body += ["#pragma unroll", f"for (int ks = 0; ks < {kt}; ++ks) {{"]
     inner = [f"unsigned a[{f.tm}][{MMA.a.regs}], b[{f.tn}][{MMA.b.regs}];"]
-    inner += _a_from_registers(f, a_src[1], dt) if a_src[0] == "reg" else _a_by_ldmatrix(f, fv, alay)
+    if a_src[0] == "hoisted":
+        inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
+                  f"  for (int r_ = 0; r_ < {MMA.a.regs}; ++r_) a[mi][r_] = {a_src[1]}[bi][ks][mi][r_];"]
+    elif a_src[0] == "reg":
+        inner += _a_from_registers(f, a_src[1], dt)
+    else:
+        inner += _a_by_ldmatrix(f, fv, alay)
     inner += _b_by_ldmatrix(f, fv, blay)
+    inner += _finite_only("a", f.tm, MMA.a.regs) if finite[0] else []
+    inner += _finite_only("b", f.tn, MMA.b.regs) if finite[1] else []
     inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
               f"  for (int ni = 0; ni < {f.tn}; ++ni) {R.MMA_C[dt]}({var}[bi][mi][ni], a[mi], b[ni]);"]
     body += ["  " + line for line in inner] + ["}"]
+    return _per_warp_tile(f, fv, body)
+
+
+def _per_warp_tile(f: Frag, fv: str, body: list[str]) -> list[str]:
+    """``body`` for each batch tile ``bi`` of this warp (``b_``: its batch index), on the warps holding tiles."""
+    b_expr = f"{fv}b + bi"
+    if f.wb * f.tb > f.batch:
+        b_expr = f"({fv}b + bi < {f.batch} ? {fv}b + bi : {f.batch - 1})"
     body = loops.consts([("b_", b_expr)], body, "") + body
     loop = ["#pragma unroll", f"for (int bi = 0; bi < {f.tb}; ++bi) {{"] + ["  " + x for x in body] + ["}"]
     if f.used < f.warps:
         return [f"if (warp < {f.used}) {{  // warps {f.used}..{f.warps - 1} hold no tile"] + \
             ["  " + x for x in loop] + ["}"]
     return loop
+
+
+def _finite_only(frag: str, tiles: int, regs: int) -> list[str]:
+    return ["#pragma unroll", f"for (int t_ = 0; t_ < {tiles}; ++t_)", "#pragma unroll",
+            f"  for (int r_ = 0; r_ < {regs}; ++r_) {frag}[t_][r_] = mg_bf16x2_finite({frag}[t_][r_]);"]
 
 
 def _a_from_registers(f: Frag, src: str, dt: DType) -> list[str]:

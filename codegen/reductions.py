@@ -21,7 +21,9 @@ def lower_reduce(lw: Lowering, node) -> None:
 def reduction(lw: Lowering, node, x, dim: int, comb, *, square: bool) -> Reg:
     """``node`` = comb-reduction of ``x`` (squared first if ``square``) over ``dim``, into registers."""
     p = lw.place[x]
-    if isinstance(p, Reg) and isinstance(p.layout, Frag) and dim == x.rank - 1:
+    if isinstance(p, Reg) and x.shape[dim] == 1 and not square:
+        reg = p  # over one element: the value itself, where it is (no trip through shared memory)
+    elif isinstance(p, Reg) and isinstance(p.layout, Frag) and dim == x.rank - 1:
         reg = _row_reduce(lw, x, p.layout, comb, square)
     else:
         values.addressable(lw, x)

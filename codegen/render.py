@@ -35,7 +35,7 @@ DTYPE_C: Mapping[DType, CType] = {
 MMA_C: Mapping[DType, str] = {d: MMA_M16N8K16.intrinsic(d.short) for d in (DType.FLOAT16, DType.BFLOAT16)}
 
 # An fp32 operand of a tensor-core product as two bf16 halves: x ~ hi + lo.
-SPLIT_C: Mapping[str, object] = {"hi": "mg_f2b({})".format, "lo": "mg_bf16_lo({})".format}
+SPLIT_C: Mapping[str, object] = {"hi": "mg_bf16_hi({})".format, "lo": "mg_bf16_lo({})".format}
 
 # ---- reductions and accumulators ----------------------------------------------------------------------------------
 

@@ -11,6 +11,11 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
+* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first:
+  the larger of its share of the products (at the mma.sync rate, scaled down when it holds fewer warps than
+  processing blocks), of the bytes it pulls from L2 and of the loop's HBM bytes at the rate its bytes in flight
+  sustain, plus the combine's tail (the hand-over and the last CTA's read of every partial). More CTAs put more
+  SMs to work; more partials lengthen the tail.
 * stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
   at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
   below two).
@@ -24,10 +29,14 @@ from functools import lru_cache
 
 from mugraph.codegen.arch import ArchSpec, get_arch
 from mugraph.codegen.layouts import ceil_div
-from mugraph.ir.block import BlockGraph
+from mugraph.codegen.mma import FP32_MMA_PRODUCTS
+from mugraph.ir.block import BlockGraph, Phase
+from mugraph.ir.ops import BOp
+from mugraph.ir.shapes import mma_dtype
 
 BASE_REGS = 32      # indices, addresses, loop counters: a lead, ptxas's figures are in kernels_generated/
 MAX_REGS = 255
+SMEM_RESERVED = 1024  # shared memory the runtime keeps per CTA (cudaDevAttrReservedSharedMemoryPerBlock)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,14 @@ class KernelSchedule:
         return max(1, min(self.stages, self.trips) - 1) * self.stage_bytes if self.stage_bytes else 0
 
     @property
+    def min_blocks(self) -> int:
+        """CTAs one SM holds at once under this plan (shared memory, threads, and no more than the grid spreads
+        onto each SM): the occupancy ptxas must leave registers for (``__launch_bounds__``'s second argument)."""
+        a = get_arch(self.arch)
+        by_smem = a.smem_per_sm // (self.smem_bytes + SMEM_RESERVED) if self.smem_bytes else a.threads_per_sm
+        return max(1, min(by_smem, a.threads_per_sm // self.threads, ceil_div(self.ctas, a.sm_count)))
+
+    @property
     def scratch_floats(self) -> int:
         """The partial-state buffer of all CTAs (floats)."""
         return self.ctas * self.state_bytes // 4
@@ -92,7 +109,8 @@ def _schedule(bg: BlockGraph, arch: ArchSpec) -> KernelSchedule:
     stage_bytes = sum(ir.buffers[b].nbytes for b in ir.staged_inputs)
     invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
     state = _state_bytes(bg, arch) if arch.split_loops else 0
-    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes)
+    splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes,
+                           trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32)
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
     ir, plan = lowered(bg, arch, stages, splits)
     return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, ir.stages, stage_bytes, invariant,
@@ -109,13 +127,57 @@ def _state_bytes(bg: BlockGraph, arch: ArchSpec) -> int:
     return 4 * lowered(bg, arch, 1, divisors[0])[0].state_floats
 
 
+def trip_flops(bg: BlockGraph) -> int:
+    """Tensor-core FLOPs of one block's loop trip (its loop products, padded to the mma shape; an fp32 product is
+    three bf16 ones)."""
+    total = 0
+    for node, phase in bg.phases().items():
+        if node.op is BOp.MATMUL and phase is Phase.LOOP:
+            a, b = node.srcs
+            m, k, n = ceil_div(a.shape[-2], 16) * 16, ceil_div(a.shape[-1], 16) * 16, ceil_div(b.shape[-1], 8) * 8
+            products = 1 if mma_dtype(a.dtype, b.dtype).is_16bit else FP32_MMA_PRODUCTS
+            total += 2 * math.prod(node.shape[:-2]) * m * n * k * products
+    return total
+
+
+def _loop_hbm_bytes(bg: BlockGraph) -> int:
+    """Bytes the loop-walked tiles bring from HBM: each tensor once when its blocks re-read it (from L2), else
+    the tiles themselves."""
+    total = 0
+    for node in bg.inputs:
+        spec = node.arg
+        if spec.fmap is not None:
+            traffic = math.prod(spec.tile_shape) * spec.dtype.itemsize * bg.forloop * bg.num_blocks
+            total += min(traffic, math.prod(spec.shape) * spec.dtype.itemsize)
+    return total
+
+
 def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
-                  smem_one: int) -> int:
-    """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage."""
+                  smem_one: int, flops: int = 0, hbm_bytes: int = 0, warps: int = 4) -> int:
+    """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage;
+    ``flops``: the tensor-core FLOPs of one block's loop trip; ``hbm_bytes``: what the loop brings from HBM;
+    ``warps``: per CTA."""
     if not arch.split_loops or forloop < 2 or not state_bytes or not stage_bytes:
         return 1
     fits = [d for d in range(1, forloop + 1) if forloop % d == 0 and
             smem_one + (min(2, forloop // d) - 1) * stage_bytes <= arch.smem_limit]  # two stages, or one trip
+    streaming = _streaming_splits(blocks, forloop, arch, state_bytes, stage_bytes, smem_one, fits)
+    if not flops or not arch.mma_rate:
+        return streaming
+
+    def busy(d):  # the busiest SM's loop (its products, its bytes), HBM as a whole, then the combine's tail
+        per_sm, trips = ceil_div(blocks * d, arch.sm_count), forloop // d
+        rate = min(arch.hbm_rate, _in_flight(blocks * d, trips, arch, stage_bytes, smem_one) / arch.latency_s)
+        mma = arch.mma_rate * min(1.0, per_sm * warps / arch.subpartitions)  # a warp keeps one tensor core busy
+        loop = max(per_sm * flops * trips / mma, per_sm * trips * stage_bytes / arch.sm_fill_rate,
+                   hbm_bytes / rate)
+        return loop + (d > 1) * (arch.handoff_s + d * state_bytes / arch.sm_fill_rate)
+    return min([d for d in fits if d >= streaming] or [streaming], key=lambda d: (busy(d), d))
+
+
+def _streaming_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
+                      smem_one: int, fits: list) -> int:
+    """The split that streams HBM at full rate (the module docstring's first rule)."""
     cheap = [d for d in fits if d == 1 or d * state_bytes <= (forloop // d) * stage_bytes] or fits[-1:]
     if not cheap:
         return 1
@@ -157,20 +219,22 @@ def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int,
     return _deepest(ctas, trips, arch, stage_bytes, smem_one, 1 + ceil_div(int(need), stage_bytes))
 
 
-_ARRAY = re.compile(r"\b(?:float )?\w+((?:\[\d+\])+)")  # a register array in a declaration
+_ARRAY = re.compile(r"\b(?:float |unsigned )?\w+((?:\[\d+\])+)")  # a register array in a declaration
 
 
-def _floats(lines) -> int:
-    """Floats the ``float`` array declarations among ``lines`` hold."""
+def _floats(lines, kind: str = "float ") -> int:
+    """Words the ``kind`` array declarations among ``lines`` hold."""
     total = 0
     for line in lines:
-        if line.startswith("float "):
+        if line.startswith(kind):
             code = line.split("//")[0].split("=")[0] if "= {" in line else line.split("//")[0]
             total += sum(math.prod(int(d) for d in re.findall(r"\d+", m.group(1))) for m in _ARRAY.finditer(code))
     return total
 
 
 def _registers(ir) -> int:
-    """Floats each thread keeps in registers: accumulator state and the largest step's own arrays."""
+    """Words each thread keeps in registers: accumulator state, operand fragments held across the loop (kernel
+    scope) and the largest step's own arrays."""
     work = max((_floats(s.decls) for s in ir.steps), default=0)
-    return min(MAX_REGS, BASE_REGS + _floats(ir.acc_decls) + work)
+    held = _floats(ir.kernel_decls, "unsigned ")
+    return min(MAX_REGS, BASE_REGS + _floats(ir.acc_decls) + held + work)

@@ -8,8 +8,8 @@ import numpy as np
 
 from mugraph.ir.ops import TOp
 
-# Templates over fp32 operands {0} (and {1}); {lo}/{hi} are clamp's bounds. Helpers (below) keep operands that
-# appear twice from being evaluated twice.
+# Templates over fp32 operands {0} (and {1}); {lo}/{hi} are clamp's bounds, {to} a cast's dtype. Helpers
+# (below) keep operands that appear twice from being evaluated twice.
 ELEMENTWISE_C: Mapping[TOp, str] = {
     TOp.EXP: "mg_exp({0})",
     TOp.LOG: "mg_log({0})",
@@ -45,6 +45,7 @@ ELEMENTWISE_C: Mapping[TOp, str] = {
     TOp.NE: "({0} != {1} ? 1.0f : 0.0f)",
     TOp.IS_FINITE: "mg_isfinite({0})",
     TOp.SELECT: "({0} != 0.0f ? {1} : {2})",  # a true select: the branch not taken cannot leak a NaN
+    TOp.CAST: "mg_cast_{to}({0})",  # the fp32 register value rounded to the target dtype (and back)
 }
 
 # Device helpers the generated file defines after its include, emitted only when used.
@@ -53,7 +54,16 @@ HELPERS: Mapping[str, str] = {
     "mg_sigmoid": "MG_DEVICE float mg_sigmoid(float x) { return 1.0f / (1.0f + mg_exp(-x)); }",
     "mg_silu": "MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }",
     "mg_gelu": "MG_DEVICE float mg_gelu(float x) { return 0.5f * x * (1.0f + mg_erf(x * 0.707106781f)); }",
-    "mg_bf16_lo": "MG_DEVICE mg_bf16 mg_bf16_lo(float x) { return mg_f2b(x - mg_b2f(mg_f2b(x))); }",
+    # the bf16 split of an fp32 operand (three tensor-core products, codegen/mma.py): hi rounds to nearest but
+    # saturates where a finite x would round to inf; lo is the rest, 0 where x is inf or NaN (so hi keeps it);
+    # a cross product reads hi through mg_bf16x2_finite, so an inf operand never meets a 0 residual (inf * 0)
+    "mg_bf16_hi": ("MG_DEVICE mg_bf16 mg_bf16_hi(float x) { const mg_bf16 b = mg_f2b(x); "
+                   "return (x - x == 0.0f && (b & 0x7fffu) == 0x7f80u) ? (mg_bf16)(b - 1u) : b; }"),
+    "mg_bf16_lo": ("MG_DEVICE mg_bf16 mg_bf16_lo(float x) { "
+                   "return x - x == 0.0f ? mg_f2b(x - mg_b2f(mg_bf16_hi(x))) : (mg_bf16)0; }"),
+    "mg_bf16x2_finite": ("MG_DEVICE unsigned mg_bf16x2_finite(unsigned r) { "
+                         "return r & ((r & 0x7f80u) == 0x7f80u ? 0xffff0000u : 0xffffffffu) "
+                         "& ((r & 0x7f800000u) == 0x7f800000u ? 0x0000ffffu : 0xffffffffu); }"),
     "mg_pow": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_pow(float x, float y) { return powf(x, y); }\n#else\n"
                "inline float mg_pow(float x, float y) { return std::pow(x, y); }\n#endif"),
     "mg_fabs": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_fabs(float x) { return fabsf(x); }\n#else\n"
@@ -68,6 +78,9 @@ HELPERS: Mapping[str, str] = {
                     "inline float mg_softplus(float x) "
                     "{ return std::fmax(x, 0.0f) + std::log1p(std::exp(-std::fabs(x))); }\n#endif"),
     "mg_leaky_relu": "MG_DEVICE float mg_leaky_relu(float x, float s) { return x >= 0.0f ? x : s * x; }",
+    "mg_cast_f16": "MG_DEVICE float mg_cast_f16(float x) { return mg_h2f(mg_f2h(x)); }",
+    "mg_cast_bf16": "MG_DEVICE float mg_cast_bf16(float x) { return mg_b2f(mg_f2b(x)); }",
+    "mg_cast_f32": "MG_DEVICE float mg_cast_f32(float x) { return x; }",
     "mg_isfinite": "MG_DEVICE float mg_isfinite(float x) { return x - x == 0.0f ? 1.0f : 0.0f; }",
     "mg_ninf": ("#if defined(__CUDACC__)\nMG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }\n"
                 "#else\ninline float mg_ninf() { return -HUGE_VALF; }\n#endif"),
@@ -76,13 +89,20 @@ HELPERS: Mapping[str, str] = {
 
 def elementwise(op: TOp, args, arg=None) -> str:
     """The C expression of ``op`` applied to fp32 expressions ``args``."""
-    extra = {"lo": literal(arg[0]), "hi": literal(arg[1])} if op is TOp.CLAMP else {}
+    extra = {"lo": literal(arg[0]), "hi": literal(arg[1])} if op is TOp.CLAMP else \
+        {"to": arg.short} if op is TOp.CAST else {}
     return ELEMENTWISE_C[op].format(*args, **extra)
 
 
 def helpers_in(text: str) -> list[str]:
-    """The helper definitions ``text`` calls, in table order."""
-    return [body for name, body in HELPERS.items() if name + "(" in text]
+    """The helper definitions ``text`` calls, and those they call, in table order (a helper precedes its users)."""
+    used = {name for name in HELPERS if name + "(" in text}
+    grown = True
+    while grown:
+        more = {name for name in HELPERS if name not in used and any(name + "(" in HELPERS[u] for u in used)}
+        used |= more
+        grown = bool(more)
+    return [body for name, body in HELPERS.items() if name in used]
 
 
 def literal(value: float) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from mugraph.codegen import loops
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
-from mugraph.codegen.layouts import Frag, Rows, broadcast, linear, prod
+from mugraph.codegen.layouts import Frag, Rows, broadcast, linear, prod, same_rows
 from mugraph.codegen.placement import Const, Ctx, Inline, Reg, Smem, Tile, describe
 from mugraph.codegen.thread import render_thread
 from mugraph.ir.ops import BOp
@@ -27,9 +27,14 @@ def child_mode(child, ctx: Ctx, mode):
 
 
 def reg_expr(p: Reg, ctx: Ctx, mode) -> str | None:
-    if mode == "own" and p.layout == ctx.layout:
+    """A register value read where the context's thread holds it: the same layout, or the row values of a Frag
+    whose threads hold the same rows (two products of one query tile, e.g. Q K and P V of different widths)."""
+    own = p.layout == ctx.layout or (isinstance(p.layout, Rows) and isinstance(ctx.layout, Rows)
+                                     and same_rows(p.layout.frag, ctx.layout.frag))
+    if mode == "own" and own:
         return p.var + ctx.slot
-    if mode == "row" and isinstance(p.layout, Rows) and p.layout.frag == ctx.layout:
+    if mode == "row" and isinstance(p.layout, Rows) and isinstance(ctx.layout, Frag) and \
+            same_rows(p.layout.frag, ctx.layout):
         return p.var + ctx.row_slot
     return None
 

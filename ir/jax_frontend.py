@@ -13,12 +13,12 @@ NumPy-style. Layout nodes (TRANSPOSE, RESHAPE, BROADCAST) appear only where a co
 needed: graph outputs, matmul operands, concatenation, and operands of elementwise ops whose
 dims do not line up.
 
-Dtypes. `convert_element_type` between float types is elided: mugraph computes intermediates in
-fp32 or wider and keeps only the dtypes of graph inputs and outputs. Kernel dtypes follow the
-operands (constants take their partner's dtype), so a function that returns its inputs' dtype
-lifts to a graph that does too. An output that JAX widens to float32 from 16-bit inputs is
-widened by a multiply with a float32 1.0; an output JAX narrows cannot be narrowed (the IR has
-no cast) and keeps the wider dtype the operands give it.
+Dtypes. Every lifted tensor has the dtype jax.jit gives it: `convert_element_type` between
+float types is a CAST (so `x.astype(f32) * x.astype(f32)` squares in fp32 as JAX does, and a
+mean of fp16 values reduced in fp32 stays finite), kernel dtypes follow the operands (constants
+take their partner's dtype, which JAX gives them too), a matmul whose `preferred_element_type`
+is wider than its operands multiplies their casts, and `reduce_precision` to fp16's or bf16's
+format is a round trip through that dtype.
 
 Predicates and indices. A boolean jaxpr value is lifted to a 0/1 float mask (comparisons,
 `is_finite`; `and` is a MUL, `or` a MAX, `not` 1 - c) and `select_n` to SELECT, so
@@ -110,17 +110,10 @@ def _rounded(value, dtype) -> float:
 
 
 def _const_node(value: float, like: KNode) -> KNode:
-    """A scalar CONSTANT in `like`'s frame and dtype (rank-matched shape of ones).
-
-    A value that would overflow `like`'s 16-bit dtype (JAX computed it in float32 after an
-    elided cast) is kept as a float32 constant instead.
-    """
+    """A scalar CONSTANT in `like`'s frame and dtype (rank-matched shape of ones): a jaxpr
+    binary op's operands share one dtype, and lifted values keep JAX's."""
     _check_constant(value)
-    dtype = like.dtype
-    with np.errstate(over="ignore"):
-        if math.isfinite(value) and not np.isfinite(np.asarray(value, np.float64).astype(dtype.numpy)):
-            dtype = DType.FLOAT32
-    return kernel_constant(value, (1,) * like.rank, dtype)
+    return kernel_constant(value, (1,) * like.rank, like.dtype)
 
 
 def _check_constant(value: float) -> None:
@@ -434,9 +427,10 @@ def lift_identity(eqn, *xs):
 
 
 def lift_convert_element_type(eqn, x):
-    """Float casts are elided (intermediates are fp32 or wider); constants take the new type.
-    A mask or an index becomes a float as it is (0/1, exact integers); a float becomes a mask
-    by x != 0; a float never becomes an integer (that truncates)."""
+    """A float cast is a CAST to the new dtype (none where the IR dtype is already it);
+    constants take the new type. A mask or an index becomes a float as it is (0/1, exact
+    integers); a float becomes a mask by x != 0; a float never becomes an integer (that
+    truncates)."""
     shape, dtype = _out(eqn)
     if isinstance(x, Const):
         return Const(_rounded(x.value, dtype), dtype, shape)
@@ -449,13 +443,35 @@ def lift_convert_element_type(eqn, x):
     if (source == np.bool_ or _is_index(source)) and dtype.name in _INPUT_DTYPES:
         return View(_in_dtype(x.node, DType.parse(dtype.name)), x.labels, shape,
                     from_mask=source == np.bool_)
-    return x
+    if _is_index(dtype) or dtype == np.bool_:
+        return x  # an index or mask kept as the exact float it already is
+    return View(_cast(x.node, _ir_dtype(dtype)), x.labels, shape)
+
+
+def _cast(node: KNode, dtype: DType) -> KNode:
+    return node if node.dtype is dtype else node.cast(dtype)
+
+
+_REDUCED_FORMATS = {(5, 10): DType.FLOAT16, (8, 7): DType.BFLOAT16}
+
+
+def lift_reduce_precision(eqn, x):
+    """reduce_precision to fp32's own format is x; to fp16's or bf16's it is a round trip
+    through that dtype (a cast there and back); other formats have no IR op."""
+    bits = (eqn.params["exponent_bits"], eqn.params["mantissa_bits"])
+    if isinstance(x, Const) or bits[0] >= 8 and bits[1] >= 23:
+        return x
+    narrow = _REDUCED_FORMATS.get(bits)
+    if narrow is None:
+        raise _Unsupported(f"rounding to {bits[0]} exponent and {bits[1]} mantissa bits",
+                           hint="mugraph rounds to float16 (5, 10) or bfloat16 (8, 7) only")
+    return View(_cast(_cast(x.node, narrow), x.node.dtype), x.labels, x.shape)
 
 
 def _in_dtype(node: KNode, dtype: DType) -> KNode:
     """A mask or an index expression computed in a narrower float dtype where its values stay
     exact (0/1 always; integers below the dtype's exact limit), so that e.g. an fp16 tensor times
-    `mask.astype(fp16)` stays fp16 as in JAX; else the node as it is (wider, exact)."""
+    `mask.astype(fp16)` stays fp16 as in JAX; else the node cast to it (rounded, as in JAX)."""
     if node.dtype is dtype or not dtype.is_16bit:
         return node
     if _index_leaves(node) and all(_index_bound(n) < EXACT_INTEGERS[dtype] for n in toposort([node])):
@@ -463,7 +479,7 @@ def _in_dtype(node: KNode, dtype: DType) -> KNode:
     if is_mask(node):
         one, zero = (kernel_constant(v, (1,) * node.rank, dtype) for v in (1.0, 0.0))
         return KNode(TOp.SELECT, (node, one, zero))
-    return node
+    return node.cast(dtype)  # integers beyond the dtype's exact range round, as in JAX
 
 
 def _retyped(node: KNode, dtype: DType) -> KNode:
@@ -597,7 +613,7 @@ def _with_zero(node: KNode, op: TOp):
 # Ops whose result is +0, positive, +inf or NaN (never negative, never -0.0) when their operands are
 # (constants: >= +0.0; a predicate: 0 or 1): abs of such a value is the value itself, bit for bit.
 _NONNEGATIVE_ALWAYS = frozenset({TOp.EXP, TOp.SQUARE, TOp.ABS, TOp.SIGMOID, TOp.SOFTPLUS}) | PREDICATES
-_NONNEGATIVE_IF_OPERANDS = frozenset({TOp.ADD, TOp.MUL, TOp.DIV, TOp.MAX, TOp.MIN, KOp.REDUCE_SUM,
+_NONNEGATIVE_IF_OPERANDS = frozenset({TOp.ADD, TOp.MUL, TOp.DIV, TOp.MAX, TOp.MIN, TOp.CAST, KOp.REDUCE_SUM,
                                       KOp.REDUCE_MAX, KOp.MATMUL}) | KERNEL_LAYOUT
 
 
@@ -757,8 +773,19 @@ def lift_dot_general(eqn, lhs, rhs):
     # unit); the contracting dim (last on the left, next to last on the right) must be real.
     left = _fill(_arrange(lhs, lslots), lslots, lhs.shape, keep_unit=lslots[:-1])
     right = _fill(_arrange(rhs, rslots), rslots, rhs.shape, keep_unit=rslots[:-2] + rslots[-1:])
-    node = KNode(KOp.MATMUL, (left, right))
+    node = _typed_matmul(left, right, _ir_dtype(_out(eqn)[1]))
     return _view(node, (None,) * (node.rank - len(out)) + out, _out(eqn)[0])
+
+
+def _typed_matmul(left: KNode, right: KNode, want: DType) -> KNode:
+    """left @ right in JAX's result dtype: a wider `preferred_element_type` multiplies the
+    operands' casts (exact: fp32 holds every 16-bit product), a narrower one rounds the result."""
+    node = KNode(KOp.MATMUL, (left, right))
+    if node.dtype is want:
+        return node
+    if want is DType.FLOAT32:
+        return KNode(KOp.MATMUL, (_cast(left, want), _cast(right, want)))
+    return node.cast(want)
 
 
 def lift_concatenate(eqn, *xs):
@@ -818,7 +845,7 @@ RULES = {
     "iota": lift_iota, "sign": lift_sign,
     "convert_element_type": lift_convert_element_type,
     "stop_gradient": lift_identity, "copy": lift_identity, "copy_p": lift_identity,
-    "reduce_precision": lift_identity, "optimization_barrier": lift_identity,
+    "reduce_precision": lift_reduce_precision, "optimization_barrier": lift_identity,
     "broadcast_in_dim": lift_broadcast_in_dim, "reshape": lift_reshape,
     "squeeze": lift_squeeze, "transpose": lift_transpose,
     "reduce_sum": lift_reduce_sum, "reduce_max": lift_reduce_max, "reduce_min": lift_reduce_min,
@@ -1093,10 +1120,7 @@ def _output_node(value, var, index: int) -> KNode:
     except _Unsupported as e:
         raise UnsupportedOp(f"output {index}: {e.detail}", primitive="output",
                             hint=e.hint) from None
-    want = _ir_dtype(dtype)
-    if want is DType.FLOAT32 and node.dtype is not want:
-        node = node * kernel_constant(1.0, (1,) * node.rank, want)  # the IR's only widening
-    return node
+    return _cast(node, _ir_dtype(dtype))  # a mask or an index may still be wider than JAX's
 
 
 def _trace(fn, example_args):
@@ -1120,7 +1144,7 @@ def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGr
     pytrees (dicts, tuples) of them; each leaf becomes one graph input, named after `fn`'s
     parameter (plus the pytree key) unless `input_names` says otherwise. The outputs are `fn`'s
     flat outputs (an array, or a tuple/dict of arrays), named by `output_names` if given.
-    Float casts inside `fn` are elided (see the module docstring). Unsupported primitives raise
+    Float casts inside `fn` are CASTs (see the module docstring). Unsupported primitives raise
     UnsupportedOp naming the equation and source line; bad arguments raise InvalidInput.
     """
     if not callable(fn):

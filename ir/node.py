@@ -141,6 +141,7 @@ class _Node(_Interned):
     def softplus(self): return type(self)(TOp.SOFTPLUS, (self,))
     def is_finite(self): return type(self)(TOp.IS_FINITE, (self,))
     def leaky_relu(self, slope): return self._binary(TOp.LEAKY_RELU, slope)
+    def cast(self, dtype): return type(self)(TOp.CAST, (self,), DType.parse(dtype))
 
     # ---- builder: predicates (0/1 masks; Python's == and < stay identity and ordering-free) -----
     def gt(self, o): return self._binary(TOp.GT, o)

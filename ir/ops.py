@@ -11,6 +11,11 @@ value like any other (JAX's `mask.astype(x.dtype) * x` is a MUL, `and` a MUL, `n
 so no boolean dtype runs through the dtype rules, the JSON schema, codegen and the cost model;
 SELECT itself is a true select everywhere floats are computed (never c*a + (1-c)*b, which would
 let a NaN or inf of the branch not taken leak into the result).
+
+CAST(x, dtype) is the one op whose dtype is its argument, not its operands': JAX's
+`convert_element_type` between float types. Its value in real arithmetic is x (the float64
+interpreter, the finite field and abstract expressions read it as the identity); computing in
+the graph's own dtypes (the interpreter's own mode, generated code) rounds x to `dtype` there.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ class TOp(Enum):
     NE = "ne"
     IS_FINITE = "is_finite"    # 1.0 where x is neither inf nor NaN
     SELECT = "select"          # (c, a, b): a where c != 0, else b (jnp.where(c, a, b))
+    CAST = "cast"              # arg: the target DType; x rounded to it (identity in real arithmetic)
 
 
 class KOp(Enum):
@@ -93,12 +99,12 @@ class BOp(Enum):
 
 UNARY = frozenset({TOp.EXP, TOp.LOG, TOp.SQUARE, TOp.SQRT, TOp.RSQRT, TOp.SILU, TOp.GELU,
                    TOp.RELU, TOp.SIGMOID, TOp.TANH, TOp.ERF, TOp.NEG, TOp.CLAMP, TOp.ABS,
-                   TOp.LOG1P, TOp.EXPM1, TOp.SOFTPLUS, TOp.IS_FINITE})
+                   TOp.LOG1P, TOp.EXPM1, TOp.SOFTPLUS, TOp.IS_FINITE, TOp.CAST})
 BINARY = frozenset({TOp.ADD, TOp.SUB, TOp.MUL, TOp.DIV, TOp.POW, TOp.MAX, TOp.MIN,
                     TOp.LEAKY_RELU, TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
 TERNARY = frozenset({TOp.SELECT})
 COMMUTATIVE = frozenset({TOp.ADD, TOp.MUL, TOp.MAX, TOp.MIN, TOp.EQ, TOp.NE})
-PARAMETRIC = frozenset({TOp.CLAMP})
+PARAMETRIC = frozenset({TOp.CLAMP, TOp.CAST})
 ARITY = {op: 1 for op in UNARY} | {op: 2 for op in BINARY} | {op: 3 for op in TERNARY}
 COMPARISONS = frozenset({TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
 PREDICATES = COMPARISONS | {TOp.IS_FINITE}   # ops whose values are 0/1 masks

@@ -23,6 +23,8 @@ def _arg(node) -> str:
         return f"dim={arg[0]}, eps={arg[1]:g}"
     if op is TOp.CLAMP:
         return f"{arg[0]:g}, {arg[1]:g}"
+    if op is TOp.CAST:
+        return arg.short
     if op in (KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST):
         return ",".join(map(str, arg))
     if op is KOp.IOTA:

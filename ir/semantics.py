@@ -57,6 +57,7 @@ NUMPY_ELEMENTWISE = {
     TOp.NE: lambda x, y, arg: _mask(np.not_equal(x, y), x, y),
     TOp.IS_FINITE: lambda x, arg: _mask(np.isfinite(x), x),
     TOp.SELECT: lambda c, a, b, arg: np.where(c != 0, a, b),
+    TOp.CAST: lambda x, arg: x,   # the rounding to `arg` is the store to the node's dtype
 }
 
 

@@ -53,6 +53,8 @@ def _arg_json(node, block_ids) -> object:
         return {"dim": arg[0], "eps": arg[1]}
     if op is TOp.CLAMP:
         return {"lo": arg[0], "hi": arg[1]}
+    if op is TOp.CAST:
+        return {"dtype": arg.value}
     if op is BOp.THREAD:
         return to_entries(arg)
     if isinstance(arg, tuple):
@@ -171,6 +173,8 @@ def _scalar_arg(op, arg, field):
         return (_get(arg, "dim", int, field), float(_get(arg, "eps", (int, float), field)))
     if op is TOp.CLAMP:
         return (float(_get(arg, "lo", (int, float), field)), float(_get(arg, "hi", (int, float), field)))
+    if op is TOp.CAST:
+        return _dtype(_get(arg, "dtype", str, field), f"{field}.dtype")
     if op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX, KOp.CONCAT, BOp.REDUCE_SUM, BOp.REDUCE_MAX):
         if not isinstance(arg, int) or isinstance(arg, bool):
             raise InvalidGraph(f"expected a dim, got {json.dumps(arg)[:40]}", field=field)

@@ -53,6 +53,8 @@ def broadcast(op, a, b) -> tuple[int, ...]:
 # ---- elementwise (every level) -------------------------------------------------------------------
 def _unary(op, srcs, arg):
     _arity(op, srcs, 1)
+    if op is TOp.CAST:
+        return srcs[0].shape, _cast_target(arg)
     if op is TOp.CLAMP:
         if not (isinstance(arg, tuple) and len(arg) == 2 and all(isinstance(v, float) for v in arg)
                 and arg[0] <= arg[1]):
@@ -60,6 +62,13 @@ def _unary(op, srcs, arg):
     elif arg is not None:
         raise InvalidGraph(f"{op.value} takes no argument, got {arg!r}")
     return srcs[0].shape, srcs[0].dtype
+
+
+def _cast_target(arg) -> DType:
+    if not isinstance(arg, DType):
+        raise InvalidGraph(f"cast needs a target DType, got {arg!r}",
+                           hint="cast to DType.FLOAT16, DType.BFLOAT16 or DType.FLOAT32")
+    return arg
 
 
 def _no_arg(op, arg):
@@ -256,9 +265,11 @@ def _block_matmul(op, srcs, arg):
 
 
 def _f32(rule):
-    """Block values other than input tiles live in fp32 registers."""
+    """Block values other than input tiles live in fp32 registers (a cast's value is rounded
+    to its target dtype, and keeps it: a tile cast to fp16 feeds a 16-bit MMA)."""
     def wrapped(op, srcs, arg):
-        return rule(op, srcs, arg)[0], DType.FLOAT32
+        shape, dtype = rule(op, srcs, arg)
+        return shape, dtype if op is TOp.CAST else DType.FLOAT32
     return wrapped
 
 

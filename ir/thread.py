@@ -55,7 +55,8 @@ def _check(op, srcs, arg) -> None:
     elif op is Leaf.CONST:
         ok = not srcs and isinstance(arg, float)
     elif op in ARITY:
-        ok = len(srcs) == ARITY[op] and all(type(s) is TNode for s in srcs)
+        ok = len(srcs) == ARITY[op] and all(type(s) is TNode for s in srcs) and \
+            (op is not TOp.CAST or isinstance(arg, DType))
     else:
         ok = False
     if not ok:
@@ -109,7 +110,8 @@ def _body(t: TNode, names: dict) -> str:
     if t.op is Leaf.CONST:
         return f"{t.arg:g}"
     parts = [names.get(s) or _body(s, names) for s in t.srcs]
-    parts += [f"{v:g}" for v in t.arg] if t.arg is not None else []
+    parts += [t.arg.short] if isinstance(t.arg, DType) else \
+        [f"{v:g}" for v in t.arg] if t.arg is not None else []
     return f"{t.op.value}({', '.join(parts)})"
 
 
@@ -123,7 +125,8 @@ def to_entries(root: TNode) -> list[dict]:
         if t.srcs:
             entry["srcs"] = [index[s] for s in t.srcs]
         if t.arg is not None:
-            entry["arg"] = list(t.arg) if isinstance(t.arg, tuple) else t.arg
+            entry["arg"] = list(t.arg) if isinstance(t.arg, tuple) else \
+                t.arg.value if isinstance(t.arg, DType) else t.arg
         out.append(entry)
     return out
 
@@ -143,7 +146,8 @@ def from_entries(entries) -> TNode:
                                "entries", field=f"arg[{i}].srcs")
         arg = e.get("arg")
         arg = tuple(float(v) for v in arg) if isinstance(arg, list) else \
-            float(arg) if op is Leaf.CONST and isinstance(arg, (int, float)) else arg
+            float(arg) if op is Leaf.CONST and isinstance(arg, (int, float)) else \
+            DType.parse(arg, field=f"arg[{i}].arg") if op is TOp.CAST and isinstance(arg, str) else arg
         built.append(TNode(op, tuple(built[r] for r in refs), arg))
     return built[-1]
 
@@ -211,7 +215,8 @@ def _inner(node: BNode) -> tuple:
 
 
 def thread_shape(op, srcs, arg):
-    """The shape rule of a THREAD node: its operands broadcast together, in fp32."""
+    """The shape rule of a THREAD node: its operands broadcast together, in fp32 (or in the
+    dtype its root casts to: a block value's dtype is its last rounding)."""
     from mugraph.ir.shapes import broadcast
     if not isinstance(arg, TNode) or not isinstance(arg.op, TOp):
         raise InvalidGraph(f"a thread op needs a thread graph rooted at an elementwise op, got "
@@ -222,7 +227,7 @@ def thread_shape(op, srcs, arg):
     shape = srcs[0].shape
     for s in srcs[1:]:
         shape = broadcast(op, shape, s.shape)
-    return shape, DType.FLOAT32
+    return shape, arg.arg if arg.op is TOp.CAST else DType.FLOAT32
 
 
 # ---- turning a block graph's elementwise regions into thread graphs ----------------------------------

@@ -100,6 +100,8 @@ def cmd_search(args) -> int:
     config = _search_config(args)
     if args.small and w is not None:
         spec = w.small().spec()
+    if args.out:
+        _prepare_out(args.out)          # a bad --out fails now, not after the search
     print(f"== {name}: the spec ==")
     print(spec)
     executor = make_executor(config.workers, args.executor, args.scheduler)
@@ -158,18 +160,29 @@ def _search_config(args):
                         max_kernel_ops=args.max_kernel_ops)
 
 
-def _write_result(result, folder: str, config) -> None:
-    """The winner as graph JSON, its CUDA for the target's arch, and the report."""
+def _prepare_out(folder: str):
+    """The --out folder, created and known to be writable, or a typed error."""
+    import os
     from pathlib import Path
-    from mugraph import ir
-    from mugraph.codegen import generate_cuda
-    from mugraph.search.targets import get_target
     out = Path(folder)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MugraphError(f"cannot create the output folder {folder!r}: {e.strerror}",
                            hint="give --out a folder you can write to") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise MugraphError(f"the output folder {folder!r} is not writable",
+                           hint="give --out a folder you can write to")
+    return out
+
+
+def _write_result(result, folder: str, config) -> None:
+    """The winner as graph JSON, its CUDA for the target's arch, and the report."""
+    from pathlib import Path
+    from mugraph import ir
+    from mugraph.codegen import generate_cuda
+    from mugraph.search.targets import get_target
+    out = _prepare_out(folder)
     ir.save(result.best, out / "graph.json")
     files = ["graph.json"]
     if result.best.custom_ops():
@@ -238,7 +251,7 @@ def _report_line(summary: str, prefix: str) -> str:
 
 
 def cmd_bench(args) -> int:
-    from mugraph.search.bench import main as bench_search
+    from mugraph.bench_search import main as bench_search
     if args.what == "search":
         return bench_search(args.rest)
     raise MugraphError(f"unknown benchmark {args.what!r}",
@@ -298,7 +311,7 @@ def main(argv=None) -> int:
                    help="rerun the searches (fixed seed and state budget) for the searched/ winners")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(run=cmd_regen)
-    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--workloads a,b]`")
+    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--suite all] [--cases a,b]`")
     p.add_argument("what", choices=("search",))
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(run=cmd_bench)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import numpy as np
@@ -388,11 +388,14 @@ class Outcome:
     unfused_us: float | None = None        # one library launch per op
     verdict: str | None = None             # check() at the real shapes; None when the spec won
     best_found_s: float | None = None      # time to the winner (None when the spec won)
+    best_found_states: int | None = None   # ... and the states visited by then
     search_s: float | None = None          # time to stop: the enumeration
     wall_s: float | None = None            # the whole call, the final check included
     stop_reason: str | None = None
     states: int = 0
     verified: int = 0
+    spec: KernelGraph | None = field(default=None, repr=False, compare=False)
+    winner: KernelGraph | None = field(default=None, repr=False, compare=False)
 
     @property
     def fused(self) -> bool:
@@ -420,7 +423,8 @@ class Outcome:
         return self.speedup is not None and self.speedup > 1.0
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"fused": self.fused, "speedup": self.speedup,
+        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("spec", "winner")}
+        return row | {"fused": self.fused, "speedup": self.speedup,
                                "speedup_vs_unfused": self.speedup_vs_unfused}
 
 
@@ -444,7 +448,7 @@ def evaluate(program: Program, config=None, *, progress=None) -> Outcome:
         result = search(spec, config, progress=progress or (lambda *a: None))
     except MugraphError as e:
         return Outcome(**base, lifted=True, xla_us=xla, wall_s=time.monotonic() - started,
-                       search_error=f"{type(e).__name__}: {e.message}")
+                       search_error=f"{type(e).__name__}: {e.message}", spec=spec)
     return _outcome(base, result, xla)
 
 
@@ -458,9 +462,10 @@ def _outcome(base: dict, result, xla_us: float) -> Outcome:
                    library_ops=library_ops(best.estimate), structure=best.structure,
                    winner_us=best.seconds * 1e6, xla_us=xla_us,
                    unfused_us=rep.spec_estimate.seconds * 1e6, verdict=verdict,
-                   best_found_s=rep.best_found_seconds, search_s=rep.search_seconds,
+                   best_found_s=rep.best_found_seconds,
+                   best_found_states=rep.best_found_states, search_s=rep.search_seconds,
                    wall_s=rep.wall_seconds, stop_reason=rep.stop_reason, states=rep.states,
-                   verified=rep.verified)
+                   verified=rep.verified, spec=result.spec, winner=best.graph)
 
 
 def library_ops(estimate) -> tuple[str, ...]:

@@ -171,6 +171,8 @@ def _unary_step(pool: _Pool, x: KNode, op: TOp) -> None:
         pool.add(x.clamp(lo, lo + pool.draw(st.sampled_from((0.5, 1.0, 3.0)))), min(b, 3.0))
     elif op in (TOp.SIGMOID, TOp.TANH, TOp.ERF):
         pool.add(ir.KNode(op, (x,)), 1.0)
+    elif op is TOp.CAST:  # |x| <= 1000 stays finite in every dtype
+        pool.add(x.cast(pool.draw(st.sampled_from(pool.dtypes))), b)
     else:  # silu, gelu, relu, neg, abs: |f(x)| <= |x| + small
         pool.add(ir.KNode(op, (x,)), b + 0.2)
 

@@ -4,6 +4,7 @@ shrink to the smallest failing case, and `assert_kernel_matches`. Re-exported by
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -61,6 +62,15 @@ def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
     `large`: the magnitude of the "large" regime (default max/2; `kernel_inputs` sizes it per
     input as the float test does). `subnormals=False` leaves out the subnormal regime and value.
     """
+    return _drawn_arrays(shape, dtype, scale=scale, large=large, specials=specials,
+                         masked_rows=masked_rows, mask_dim=mask_dim, regimes=regimes,
+                         subnormals=subnormals).map(lambda d: d.array)
+
+
+def _drawn_arrays(shape, dtype="float32", *, scale: float = 1.0, large: float | None = None,
+                  specials: bool = True, masked_rows: bool = True, mask_dim: int | None = None,
+                  regimes=REGIMES, subnormals: bool = True) -> st.SearchStrategy:
+    """`ieee_arrays`, each array drawn with whether it is a range test (`Drawn`)."""
     dtype = np.dtype(dtype)
     shape = tuple(int(d) for d in shape)
     size = int(np.prod(shape, dtype=np.int64))
@@ -73,8 +83,21 @@ def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
         dims = st.just(mask_dim % len(shape)) if mask_dim is not None else \
             st.integers(0, len(shape) - 1)
         mask = st.none() | st.tuples(dims, st.tuples(*(st.integers(0, n - 1) for n in shape)))
+    return _draws(shape, dtype, scale, large, regimes, overlay, mask)
+
+
+@dataclass(frozen=True, eq=False)
+class Drawn:
+    """One drawn array and whether it is a range test: the large regime or a ±max value."""
+
+    array: np.ndarray
+    near_limit: bool
+
+
+def _draws(shape, dtype, scale, large, regimes, overlay, mask) -> st.SearchStrategy:
     parts = st.tuples(st.integers(0, 2**16 - 1), st.sampled_from(regimes), overlay, mask)
-    return parts.map(lambda p: _array(shape, dtype, scale, large, *p))
+    return parts.map(lambda p: Drawn(_array(shape, dtype, scale, large, *p),
+                                     p[1] == "large" or any(v in ("max", "-max") for _, v in p[2])))
 
 
 def _array(shape, dtype, scale, large, seed, regime, overlay, mask) -> np.ndarray:
@@ -97,6 +120,11 @@ def kernel_inputs(kernel, **options) -> st.SearchStrategy:
     (`verify.special_values`): the "large" regime is sized by the first sum or matmul the input
     reaches (`large_value`), and masked rows run along the dim of the softmax the input reaches
     (`softmax_reach`). `options` go to `ieee_arrays` for every input."""
+    return _kernel_draws(kernel, **options).map(lambda draws: [d.array for d in draws])
+
+
+def _kernel_draws(kernel, **options) -> st.SearchStrategy:
+    """`kernel_inputs`, each array drawn with whether it is a range test (`Drawn`)."""
     from mugraph.verify.special_values import large_value, softmax_reach
     graph = getattr(kernel, "graph", kernel)
     spec = getattr(kernel, "spec", graph)
@@ -106,7 +134,7 @@ def kernel_inputs(kernel, **options) -> st.SearchStrategy:
         placed = {}
         if twin is not None:
             placed = {"large": large_value(spec, twin)[0], "mask_dim": softmax_reach(spec, twin)}
-        strategies.append(ieee_arrays(node.shape, node.dtype.numpy, **(placed | options)))
+        strategies.append(_drawn_arrays(node.shape, node.dtype.numpy, **(placed | options)))
     return st.tuples(*strategies).map(list)
 
 
@@ -128,10 +156,13 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     that; where jax.jit(fn) is finite and within `rtol` of the float64 run, the kernel must be
     finite and within `rtol` of it too (relative to the output's largest finite magnitude, plus
     the dtype's smallest normal: subnormal differences and XLA's flushing of them on a CPU do not
-    count). Default `rtol` by dtype: 1e-4 float32, 1e-2 float16/bfloat16. Elsewhere jax.jit(fn)
-    itself lost range or precision in its own dtypes (an fp16 x*x that overflowed, an exp that
-    underflowed to 0 and met an inf): no kernel is held to its answer there, and a failure
-    message counts those elements. This is the float test's rule (`verify.float_diff`).
+    count), or the ±inf such a value rounds to in that dtype (fp16 -65521 is -inf). Default
+    `rtol` by dtype: 1e-4 float32, 1e-2 float16/bfloat16. Elsewhere jax.jit(fn) itself lost
+    range or precision in its own dtypes (an fp16 x*x that overflowed, an exp that underflowed
+    to 0 and met an inf): no kernel is held to its answer there, and a failure message counts
+    those elements. This is the float test's rule (`verify.float_diff`). Where an input holds
+    float32-range subnormals, a kernel that agrees once they are read as zeros passes too: XLA on
+    a CPU reads them so (`flushed`), a GPU and the kernel need not.
 
     `scale`: the spread of the ordinary inputs, halved (up to 8 times) until jax.jit(fn) agrees
     with its float64 run on them (a softmax without max shift overflows fp16 at unit scale);
@@ -145,7 +176,8 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     kernel = _as_kernel(kernel)
     run = _runner(kernel, backend)
     _check_interface(fn, kernel)
-    program = Program(fn)
+    kernel, spec = _with_spec(kernel, fn)
+    program = Program(fn, spec)
     scale = usable_scale(program, kernel, scale, rtol)
     config = settings or hypothesis_settings(
         max_examples=examples, deadline=None,
@@ -154,26 +186,58 @@ def assert_kernel_matches(fn: Callable, kernel, backend: str = "harness", *, exa
     names = kernel.graph.input_names
 
     @config
-    @given(kernel_inputs(kernel, scale=scale, **options))
-    def check(arrays):
-        own, exact = program(arrays)
-        for i, (o, e, g) in enumerate(zip(own, exact, run(arrays))):
-            mismatch = output_mismatch(o, g, _rtol(rtol, o), exact=e)
-            if mismatch:
-                raise AssertionError(f"output {i} of the kernel ({backend}) differs from "
-                                     f"jax.jit(fn): {mismatch}\n  on this input (the smallest "
-                                     f"Hypothesis found):\n{describe(arrays, names)}")
+    @given(_kernel_draws(kernel, scale=scale, **options))
+    def check(draws):
+        arrays, near_limit = [d.array for d in draws], any(d.near_limit for d in draws)
+        i, mismatch = first_mismatch(program, run, arrays, rtol, near_limit)
+        zeroed = flushed(arrays) if mismatch else None   # subnormals read as XLA on a CPU does
+        if zeroed is not None and not first_mismatch(program, run, zeroed, rtol, near_limit)[1]:
+            mismatch = ""
+        if mismatch:
+            raise AssertionError(f"output {i} of the kernel ({backend}) differs from "
+                                 f"jax.jit(fn): {mismatch}\n  on this input (the smallest "
+                                 f"Hypothesis found):\n{describe(arrays, names)}")
 
     check()
 
 
+def first_mismatch(program, run, arrays, rtol, near_limit: bool = False) -> tuple[int, str]:
+    """The first output where the kernel breaks what jax.jit(fn) is held to, and how."""
+    own, exact = program(arrays)
+    numpy = program.numpy(arrays)
+    for i, (o, e, n, g) in enumerate(zip(own, exact, numpy, run(arrays))):
+        mismatch = output_mismatch(o, g, _rtol(rtol, o), exact=e, numpy=n, near_limit=near_limit)
+        if mismatch:
+            return i, mismatch
+    return -1, ""
+
+
+def flushed(arrays) -> list | None:
+    """`arrays` with float32-range subnormals (what fp16/bf16/fp32 compute in) as signed zeros,
+    or None where there are none. XLA on a CPU reads subnormal inputs as zero (DAZ), so a
+    kernel that keeps them (as IEEE and XLA on a GPU do) may differ from it by far more than a
+    subnormal once a norm divides them by a small rms; the kit accepts either reading."""
+    tiny = float(np.finfo(np.float32).smallest_normal)
+    out, found = [], False
+    for a in arrays:
+        with np.errstate(all="ignore"):
+            wide = np.asarray(a, np.float64)
+            sub = (wide != 0) & (np.abs(wide) < tiny)
+        found |= bool(sub.any())
+        out.append(np.where(sub, np.copysign(0.0, wide), wide).astype(np.asarray(a).dtype))
+    return out if found else None
+
+
 class Program:
     """`fn` as jax.jit runs it, beside `fn` run in float64 (inputs widened exactly): what tells
-    where jax.jit's own dtypes lost range or precision."""
+    where jax.jit's own dtypes lost range or precision; and, with `spec` (fn lifted), the spec
+    run in float64 by the NumPy interpreter: a second float64 that does not share XLA's CPU
+    kernels (whose max and min over axis 0 drop NaN)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, spec=None):
         import jax
         self.own, self.exact = jax.jit(fn), jax.jit(fn)
+        self.spec = spec
 
     def __call__(self, arrays) -> tuple[list, list]:
         import jax
@@ -183,6 +247,24 @@ class Program:
             wide = [np.asarray(a, np.float64) for a in arrays]
             exact = [np.asarray(o, np.float64) for o in leaves(self.exact(*wide))]
         return own, exact
+
+    def vet(self, arrays, own, exact, rtol) -> None:
+        """Drop the spec unless it is fn on ordinary inputs (within each output's tolerance of
+        fn run in float64): a spec that is not the program must not decide what is compared."""
+        if self.spec is None:
+            return
+        outs = list(self.numpy(arrays))
+        if len(outs) != len(exact) or any(n.shape != e.shape or Held.of(n, e, _rtol(rtol, o)).lost
+                                          for n, o, e in zip(outs, own, exact)):
+            self.spec = None
+
+    def numpy(self, arrays):
+        """The spec's float64 outputs, one per output (None each without a spec)."""
+        from mugraph.ir.interpret import interpret
+        if self.spec is None:
+            return itertools.repeat(None)
+        with np.errstate(all="ignore"):
+            return [np.asarray(o, np.float64) for o in interpret(self.spec, arrays, dtype="float64")]
 
 
 def usable_scale(program: Program, kernel, scale: float, rtol: float | None = None) -> float:
@@ -194,6 +276,7 @@ def usable_scale(program: Program, kernel, scale: float, rtol: float | None = No
                   for n in kernel.graph.inputs]
         own, exact = program(arrays)
         if all(Held.of(o, e, _rtol(rtol, o)).lost == 0 for o, e in zip(own, exact)):
+            program.vet(arrays, own, exact, rtol)
             return scale
         scale /= 2
     raise VerificationError(f"jax.jit(fn) does not agree with fn run in float64 even on N(0, 1) "
@@ -220,6 +303,26 @@ def _as_kernel(kernel):
                            f"{type(kernel).__name__}",
                            hint="pass what mugraph.superoptimize returned, or kernel.graph")
     return kernel
+
+
+def _with_spec(kernel, fn):
+    """The kernel with its spec, and the spec (None where there is none): a Kernel from
+    `superoptimize` has one; a bare KernelGraph's is `fn` lifted, where the front end can. The
+    spec places the inputs (`kernel_inputs`) by what the program does with them, which a fused
+    graph hides in its custom kernels (a weight a block's matmul reads would get max/2, not a
+    size whose products stay in range), and is the NumPy float64 referee (`Program`)."""
+    from mugraph.api import Kernel
+    from mugraph.ir.errors import MugraphError
+    if kernel.spec is not kernel.graph:
+        return kernel, kernel.spec
+    import jax
+    args = [jax.ShapeDtypeStruct(n.shape, n.dtype.numpy) for n in kernel.graph.inputs]
+    try:
+        from mugraph.ir import from_jax
+        spec = from_jax(fn, *args, input_names=kernel.graph.input_names)
+    except MugraphError:
+        return kernel, None
+    return Kernel(kernel.graph, spec), spec
 
 
 def _runner(kernel, backend: str) -> Callable:
@@ -280,7 +383,12 @@ def _check_interface(fn, kernel) -> None:
 @dataclass(frozen=True)
 class Held:
     """What one output of the kernel is held to: jax.jit's output `own` where it agrees with `exact`
-    (fn in float64): `right` (finite, within rtol·scale + tiny of exact) or the same NaN / ±inf."""
+    (fn in float64): `right` (finite, within rtol·scale + tiny of exact) or the same NaN / ±inf.
+
+    Not held: where the spec in float64 (NumPy, `numpy`) is NaN and `exact` is not (XLA on a CPU
+    drops NaN in max/min over axis 0; NumPy and a GPU keep it). In a range test (`near_limit`: an
+    input near its dtype's limit) a NaN where `own` is ±inf passes: whether an overflowed product
+    meets that inf as inf - inf depends on the order a kernel sums in."""
 
     own: np.ndarray        # float64 copies of jax.jit's output and of the float64 run
     exact: np.ndarray
@@ -289,23 +397,28 @@ class Held:
     scale: float           # the largest finite magnitude of the exact output
     tiny: float            # the output dtype's smallest normal: below it, no relative precision
     rtol: float
+    limit: float = np.inf  # the least magnitude the output dtype rounds to ±inf
+    near_limit: bool = False
 
     @classmethod
-    def of(cls, own, exact, rtol: float) -> "Held":
+    def of(cls, own, exact, rtol: float, numpy=None, near_limit: bool = False) -> "Held":
         own = np.asarray(own)
-        tiny = float(np.finfo(own.dtype).smallest_normal) \
-            if np.issubdtype(own.dtype, np.floating) else 0.0
+        floating = np.issubdtype(own.dtype, np.floating)
+        tiny = float(np.finfo(own.dtype).smallest_normal) if floating else 0.0
         o, e = np.asarray(own, np.float64), np.asarray(exact, np.float64)
+        disputed = np.zeros(o.shape, bool) if numpy is None or np.shape(numpy) != o.shape \
+            else np.isnan(numpy) & ~np.isnan(e)
         with np.errstate(all="ignore"):
             finite = np.isfinite(o) & np.isfinite(e)
             scale = max(float(np.max(np.abs(e[finite]), initial=0.0)), tiny)
             right = finite & (np.abs(np.where(finite, o - e, 0.0)) <= rtol * scale + tiny)
-        special = ~np.isfinite(o) & _same(o, e)
-        return cls(o, e, right, special, scale, tiny, rtol)
+        special = ~np.isfinite(o) & _same(o, e) & ~disputed
+        return cls(o, e, right & ~disputed, special, scale, tiny, rtol,
+                   overflow_limit(own.dtype) if floating else np.inf, near_limit)
 
     @property
     def lost(self) -> int:
-        """Elements not compared: jax.jit lost range or precision there."""
+        """Elements not compared: jax.jit lost range or precision there (or see above)."""
         return int((~(self.right | self.special)).sum())
 
     def wrong(self, got) -> np.ndarray:
@@ -313,25 +426,43 @@ class Held:
         with np.errstate(all="ignore"):
             off = np.abs(np.where(self.right, got - self.exact, 0.0))
             close = np.isfinite(got) & (off <= self.rtol * self.scale + self.tiny)
-        return (self.special & ~_same(got, self.own)) | (self.right & ~close)
+            close |= self.rounds_to(got)
+        ordered = self.near_limit & np.isinf(self.own) & np.isnan(got)
+        return (self.special & ~_same(got, self.own) & ~ordered) | (self.right & ~close)
+
+    def rounds_to(self, got) -> np.ndarray:
+        """Where `got` is the ±inf that a value within tolerance of the exact one rounds to in
+        the output dtype: -65521 (float64) is -inf in fp16, the correctly rounded answer, even
+        where jax.jit's own rounding kept -65440."""
+        reach = np.abs(self.exact) + self.rtol * self.scale + self.tiny
+        return np.isinf(got) & (np.sign(got) == np.sign(self.exact)) & (reach >= self.limit)
+
+
+def overflow_limit(dtype) -> float:
+    """The least magnitude that rounds to ±inf in `dtype`: its largest finite value plus half a
+    unit in the last place (65520 in fp16)."""
+    info = np.finfo(dtype)
+    return float(info.max) + 2.0 ** (info.maxexp - 1 - info.nmant) / 2
 
 
 def _same(a, b) -> np.ndarray:
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
-def output_mismatch(want, got, rtol: float, exact=None) -> str:
+def output_mismatch(want, got, rtol: float, exact=None, numpy=None,
+                    near_limit: bool = False) -> str:
     """How `got` (the kernel's output) fails to match `want` (jax.jit's), or "" where it matches.
 
     `got` is rounded to `want`'s dtype first. With `exact` (fn run in float64), elements where
     `want` lost range or precision are not compared (see `assert_kernel_matches`); without it,
     every element is: NaN and ±inf exactly where `want` has them, finite values within
-    rtol·scale + the dtype's smallest normal (scale: `want`'s largest finite magnitude)."""
+    rtol·scale + the dtype's smallest normal (scale: `want`'s largest finite magnitude).
+    `numpy` (the spec in float64) and `near_limit` (a range test) leave out what `Held` says."""
     want, got = np.asarray(want), np.asarray(got)
     exact = want if exact is None else np.asarray(exact)
     if got.shape != want.shape or exact.shape != want.shape:
         return f"its shape is {got.shape}, jax.jit's is {want.shape}"
-    held = Held.of(want, exact, rtol)
+    held = Held.of(want, exact, rtol, numpy, near_limit)
     with np.errstate(all="ignore"):
         g = np.asarray(got.astype(want.dtype), np.float64)
     wrong = held.wrong(g)
@@ -351,7 +482,8 @@ def _message(held: Held, g, wrong) -> str:
     spots = ", ".join(f"{_at(p)} kernel {float(g[tuple(p)])!r} / jax {float(o[tuple(p)])!r}"
                       for p in np.argwhere(wrong)[:SHOWN])
     lost = (f"\n  not compared: {held.lost} elements where jax.jit(fn) is off fn in float64 "
-            f"(range or precision lost in its own dtypes)") if held.lost else ""
+            f"(range or precision lost in its own dtypes) or drops a NaN the spec in float64 "
+            f"keeps") if held.lost else ""
     return (f"{what}; {int(wrong.sum())} of {o.size} elements differ, first at {_at(first)}: "
             f"kernel {float(g[first])!r}, jax.jit {float(o[first])!r}{exact_note}\n"
             f"  differing: {spots}{' ...' if wrong.sum() > SHOWN else ''}{lost}")

@@ -157,66 +157,104 @@ def lora_reference(shapes) -> KernelGraph:
     return ir.KernelGraph(b.finish([(out, (1,))]), [X, W, A, B])
 
 
-def _split_kv(shapes):
-    """Split-KV schedule: grid (batch, KV splits, query-row tiles), F key tiles per split."""
-    q_rows, seq = shapes["Q"][1], shapes["K"][2]
+@dataclass(frozen=True)
+class DecodeTiling:
+    """How a one-launch decode-attention reference tiles its work: query rows and value columns per block (the
+    grid: batch x row tiles x column tiles) and keys per loop trip. Codegen splits the loop over keys across CTAs
+    (enough for every SM) and the last CTA of each block combines their fp32 partials in the same launch."""
+
+    rows: int
+    cols: int
+    keys: int
+
+    def threads(self, rows: int) -> int:
+        """16 query rows per warp (each warp holds whole rows: row sums stay in its registers), 4 warps at most."""
+        return 32 * max(1, min(4, rows // 16))
+
+
+# Chosen by the cost model (h200, CUDA-graph launches) among rows 16-128, a half or quarter of the value columns
+# or all, 32-128 keys per trip, and the two-launch FlashDecoding form; tests/test_workloads.py checks it is
+# still the model's choice. Packing all 256 query rows of a KV head into one block does not pay at these shapes:
+# its fp32 partial O (256 x 64 x 4 B = 64 KB per split) outweighs the K/V bytes it saves, and splitting the
+# value columns (recomputing Q K on each half) halves the partial state the last CTA reads.
+ATTENTION_TILING = DecodeTiling(rows=64, cols=32, keys=128)
+
+
+def decode_attention(shapes, scores, online: bool, tiling: DecodeTiling = ATTENTION_TILING) -> KernelGraph:
+    """One launch: grid (batch, row tiles, column tiles), a loop over key tiles with Q's tile held (its mma
+    fragments stay in registers), exp of the scores (shifted by the running max when ``online``), P @ V and the
+    row sums accumulated in fp32, the quotient in the epilogue."""
+    Q, K, V = _inputs(shapes)
+    (batch, m, d), n = Q.shape, K.shape[2]
+    rows, cols, keys = min(tiling.rows, m), min(tiling.cols, d), min(tiling.keys, n)
+    b = ir.BlockBuilder(grid=(batch, m // rows, d // cols), forloop=n // keys, threads=tiling.threads(rows))
+    q = b.input(Q, imap=(0, 1, None), fmap=None)
+    k = b.input(K, imap=(0, None, None), fmap=2)
+    v = b.input(V, imap=(0, None, 2), fmap=1)
+    s = scores(q, k)
+    if online:
+        mx = s.acc_max_last()
+        e = (s - mx).exp()
+        out = (e @ v).acc_sum_rescale(mx) / e.acc_sum_last_rescale(mx)
+    else:
+        e = s.exp()
+        out = (e @ v).acc_sum() / e.acc_sum_last()
+    return ir.KernelGraph(b.finish([(out, (0, 1, 2))]), [Q, K, V])
+
+
+def split_kv_two_launches(shapes, scores, online: bool) -> KernelGraph:
+    """FlashDecoding's two launches, for comparison: kernel 1 on grid (batch, KV splits, query-row tiles) writes
+    per-split fp32 partials (P·V, row sums, and the row max when ``online``); kernel 2 combines them."""
+    Q, K, V = _inputs(shapes)
+    q_rows, seq = Q.shape[1], K.shape[2]
     splits = max(2, seq // (4 * TILE))
-    return splits, seq // (splits * TILE), q_rows // TILE
-
-
-def _attention_kernel1(Q, K, V, splits, forloop, row_tiles, scores):
-    b = ir.BlockBuilder(grid=(Q.shape[0], splits, row_tiles), forloop=forloop)
+    b = ir.BlockBuilder(grid=(Q.shape[0], splits, q_rows // TILE), forloop=seq // (splits * TILE))
     q = b.input(Q, imap=(0, None, 1), fmap=None)
     k = b.input(K, imap=(0, 2, None), fmap=2)
     v = b.input(V, imap=(0, 1, None), fmap=1)
-    return b, scores(q, k), v
-
-
-def _combine_rows(q_rows) -> int:
-    """Query rows per combine block: few, so that the combine's many small reads spread over every SM."""
-    return 4 if q_rows % 4 == 0 else q_rows
-
-
-def _plain_attention_reference(shapes, scores) -> KernelGraph:
-    Q, K, V = _inputs(shapes)
-    splits, forloop, row_tiles = _split_kv(shapes)
-    b, s, v = _attention_kernel1(Q, K, V, splits, forloop, row_tiles, scores)
-    e = s.exp()
-    o_part, l_part = b.finish([((e @ v).acc_sum(), (0, 2, 1), "float32"), (e.acc_sum_last(), (0, 2, 1), "float32")])
-    rows = _combine_rows(Q.shape[1])
-    c = ir.BlockBuilder(grid=(Q.shape[0], Q.shape[1] // rows, 1), forloop=splits)
-    o = c.input(o_part, imap=(0, 1, None), fmap=2).acc_sum()
-    l = c.input(l_part, imap=(0, 1, None), fmap=2).acc_sum()
-    return ir.KernelGraph(c.finish([(o / l, (0, 1, None), "float16")]), [Q, K, V])
-
-
-def gqa_reference(shapes) -> KernelGraph:
-    """FlashDecoding split-KV: kernel 1 writes per-split partial P·V and row sums in fp32; kernel 2 combines."""
-    return _plain_attention_reference(shapes, lambda q, k: q @ k)
-
-
-def qknorm_gqa_reference(shapes) -> KernelGraph:
-    """Split-KV attention with both RMSNorms fused into kernel 1 (Q's hoisted out of the loop)."""
-    return _plain_attention_reference(
-        shapes, lambda q, k: (q.rms_norm(2, EPS) @ k.rms_norm(1, EPS)) * 0.125)
-
-
-def gqa_safe_reference(shapes) -> KernelGraph:
-    """Split-KV with online softmax: running max, rescaled sums; kernel 2 rescales the partials."""
-    Q, K, V = _inputs(shapes)
-    splits, forloop, row_tiles = _split_kv(shapes)
-    b, s, v = _attention_kernel1(Q, K, V, splits, forloop, row_tiles, lambda q, k: q @ k)
-    m = s.acc_max_last()
-    e = (s - m).exp()
-    parts = b.finish([((e @ v).acc_sum_rescale(m), (0, 2, 1), "float32"),
-                      (e.acc_sum_last_rescale(m), (0, 2, 1), "float32"), (m, (0, 2, 1), "float32")])
-    rows = _combine_rows(Q.shape[1])
-    c = ir.BlockBuilder(grid=(Q.shape[0], Q.shape[1] // rows, 1), forloop=splits)
+    s = scores(q, k)
+    rows = 4 if q_rows % 4 == 0 else q_rows  # few rows per combine block: its small reads spread over every SM
+    c = ir.BlockBuilder(grid=(Q.shape[0], q_rows // rows, 1), forloop=splits)
+    if not online:
+        e = s.exp()
+        parts = b.finish([((e @ v).acc_sum(), (0, 2, 1), "float32"), (e.acc_sum_last(), (0, 2, 1), "float32")])
+        o, l_ = (c.input(p, imap=(0, 1, None), fmap=2).acc_sum() for p in parts)
+        return ir.KernelGraph(c.finish([(o / l_, (0, 1, None), "float16")]), [Q, K, V])
+    mx = s.acc_max_last()
+    e = (s - mx).exp()
+    parts = b.finish([((e @ v).acc_sum_rescale(mx), (0, 2, 1), "float32"),
+                      (e.acc_sum_last_rescale(mx), (0, 2, 1), "float32"), (mx, (0, 2, 1), "float32")])
     o_t, l_t, m_t = (c.input(p, imap=(0, 1, None), fmap=2) for p in parts)
     mm = m_t.acc_max()
     w = (m_t - mm).exp()
     out = (o_t * w).acc_sum_rescale(mm) / (l_t * w).acc_sum_rescale(mm)
     return ir.KernelGraph(c.finish([(out, (0, 1, None), "float16")]), [Q, K, V])
+
+
+def _plain_scores(q, k):
+    return q @ k
+
+
+def _qknorm_scores(q, k):
+    """Both RMSNorms fused (Q's hoisted out of the loop), the normalised Q and K rounded to fp16 where the program
+    rounds them: one fp16 MMA."""
+    return (q.rms_norm(2, EPS).cast("float16") @ k.rms_norm(1, EPS).cast("float16")) * 0.125
+
+
+def gqa_reference(shapes) -> KernelGraph:
+    """One-launch split-KV decode attention (``decode_attention``), softmax without max shift."""
+    return decode_attention(shapes, _plain_scores, online=False)
+
+
+def qknorm_gqa_reference(shapes) -> KernelGraph:
+    """One-launch split-KV decode attention of the normalised, fp16-rounded Q and K."""
+    return decode_attention(shapes, _qknorm_scores, online=False)
+
+
+def gqa_safe_reference(shapes) -> KernelGraph:
+    """One-launch split-KV decode attention with online softmax: running max, rescaled sums; the combine
+    rescales each CTA's partials to the common max."""
+    return decode_attention(shapes, _plain_scores, online=True)
 
 
 def ntrans_reference(shapes) -> KernelGraph:

@@ -17,6 +17,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.thread import ELEMENTWISE, fuse_threads
 from mugraph.ir.ops import (ACCUMULATORS, BINARY, BOp, COMMUTATIVE, RESCALE_ACCUMULATORS,
                             RUNNING_ACCUMULATORS, TERNARY, TOp, UNARY, is_mask)
+from mugraph.search.casts import cast_targets, spec_casts
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, DimLabel, Label, checked_labels
 from mugraph.search.schedules import input_maps, tile_labels
@@ -191,7 +192,7 @@ _SOURCE_RANK = {Phase.INVARIANT: 0, Phase.LOOP: 1, Phase.ACCUMULATOR: 2, Phase.E
 @dataclass(frozen=True)
 class Goal:
     """What the block must produce: at most `max_outputs` values, or, for the last kernel of a
-    candidate, exactly the spec outputs still missing (`targets`: (expression, shape) pairs)."""
+    candidate, exactly the spec outputs still missing (`targets`: (expression, shape, dtype))."""
 
     max_outputs: int
     targets: tuple = ()
@@ -222,6 +223,7 @@ class BlockEnumerator:
         self._structured: dict = {}
         self.spec_forms, self.inside_forms = spec_forms(ctx.spec)
         self.scales = structure_scales(ctx.spec)
+        self.casts = spec_casts(ctx.spec)
         if not self.units:
             self.inside_forms = frozenset()
         inputs, exprs, labels, phases = [], {}, {}, {}
@@ -307,7 +309,12 @@ class BlockEnumerator:
         fresh = [a for a in values if a in hot]
         for op in ops:
             rank = _OP_RANK[op]
-            if op in UNARY:
+            if op is TOp.CAST:
+                for a in fresh:
+                    for d in cast_targets(self.casts, N.normalize(st.exprs[a]), a.dtype,
+                                          narrow_only=True):
+                        yield rank, op, (a,), d, (pos[a],)
+            elif op in UNARY:
                 if op is not TOp.CLAMP:
                     for a in fresh:
                         yield rank, op, (a,), None, (pos[a],)
@@ -399,7 +406,7 @@ class BlockEnumerator:
         key = (phase_rank, max(idx), idx, rank, arg_text)
         if key <= st.keys[-1] or node in st.pos:
             return None
-        if op in ELEMENTWISE and st.holds_form(N.normalize(expr), node.shape):
+        if op in ELEMENTWISE and op is not TOp.CAST and st.holds_form(N.normalize(expr), node.shape):
             self.ctx.counters.pruned[Reject.DUPLICATE.value] += 1   # x * 1, or a value twice
             return None
         return node, expr, labels, phase, key
@@ -408,7 +415,7 @@ class BlockEnumerator:
         """Build one candidate node (its phase known) and run the cheap checks, then the
         expression check."""
         st, ctx = self.state, self.ctx
-        if self._scaled_before_linear(op, srcs) \
+        if self._scaled_before_linear(op, srcs) or self._rounds_later(op, srcs) \
                 or _rescaled_constant(op, srcs) or self._reads_partial_sum(op, srcs, phase):
             ctx.counters.pruned[Reject.CANONICAL.value] += 1
             return None
@@ -434,6 +441,14 @@ class BlockEnumerator:
             ctx.counters.pruned[reason.value] += 1
             return None
         return node, expr, labels, phase
+
+    def _rounds_later(self, op, srcs) -> bool:
+        """An fp32 product (three bf16 MMAs) of an operand the spec rounds to 16 bits first: the
+        product of its cast is the program's rounding, and one 16-bit MMA."""
+        if op is not BOp.MATMUL or any(s.dtype.is_16bit for s in srcs):
+            return False
+        return any(cast_targets(self.casts, N.normalize(self.state.exprs[s]), s.dtype,
+                                narrow_only=True) for s in srcs)
 
     def _partial(self, node) -> bool:
         """A loop value that sums over part of the looped index: a matmul contracting it, a
@@ -533,16 +548,21 @@ class BlockEnumerator:
 
     def _meets_targets(self, sinks) -> bool:
         """In a candidate's last kernel, the outputs are exactly the spec outputs still missing."""
+        return self._matched_targets(sinks) is not None
+
+    def _matched_targets(self, sinks):
+        """The spec output each sink writes (in order), or None if they are not the targets."""
         if len(sinks) != len(self.goal.targets):
-            return False
+            return None
         same = self.ctx.pruner.same
-        left = list(self.goal.targets)
+        left, found = list(self.goal.targets), []
         for n in sinks:
             hit = next((t for t in left if same(self.state.exprs[n], t[0])), None)
             if hit is None:
-                return False
+                return None
             left.remove(hit)
-        return True
+            found.append(hit)
+        return found
 
     def _omaps(self, node) -> list[tuple]:
         """Ways to write one output: each grid axis to the tile dim with its label, or, for a
@@ -561,8 +581,9 @@ class BlockEnumerator:
     def _build(self, sinks, omaps) -> ClosedBlock | None:
         st, sk, sizes = self.state, self.skeleton, self.sizes
         outputs, out_labels = [], []
-        for node, omap in zip(sinks, omaps):
-            dtype = self._out_dtype(node)
+        targets = self._matched_targets(sinks) if self.goal.final else None
+        for i, (node, omap) in enumerate(zip(sinks, omaps)):
+            dtype = targets[i][2] if targets else self._out_dtype(node)
             try:
                 shape = list(node.shape)
                 labels = list(st.labels[node])
@@ -585,6 +606,8 @@ class BlockEnumerator:
         return ClosedBlock(graph, tuple(st.exprs[n] for n in sinks), tuple(out_labels))
 
     def _out_dtype(self, node) -> DType:
+        """An intermediate tensor's storage: its inputs' 16-bit dtype, else fp32 (a spec output
+        is written in the spec's dtype)."""
         low = [t.node.dtype for t in self.tensors if t.node.dtype.is_16bit]
         return low[0] if low else DType.FLOAT32
 

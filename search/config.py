@@ -16,8 +16,9 @@ class SearchConfig:
     """What the search may build and how long it may look.
 
     Op sets are names (as in the JSON schema); empty means "every op the spec uses" (plus the
-    accumulators its reductions need). Limits bound the μGraphs enumerated; the budget stops
-    the search with a stop reason: exhausted, time or states.
+    accumulators its reductions need). Limits bound the μGraphs enumerated; the budget bounds
+    the whole call (`budget_seconds`, the final check included) and the enumeration
+    (`budget_states`); the report's stop reason is exhausted, time, states or candidate cap.
     """
 
     kernel_ops: tuple[str, ...] = ()
@@ -27,7 +28,7 @@ class SearchConfig:
     max_block_ops: int = 9           # ops in one block graph, inputs and constants excluded
     max_block_inputs: int = 4
     max_block_outputs: int = 3
-    max_candidates: int = 64         # verified structures kept for sizing and ranking
+    max_candidates: int = 4096       # verified structures; reaching it stops the enumeration
     budget_seconds: float = 300.0
     budget_states: int = 2_000_000
     target: str = "h100"
@@ -38,14 +39,8 @@ class SearchConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                               or math.isnan(value) or value < 0):
-                raise SearchError(f"SearchConfig.{f.name}={value!r} must be a non-negative number")
-            if f.type == "int":
-                if value != math.floor(value):
-                    raise SearchError(f"SearchConfig.{f.name}={value!r} must be a whole number")
-                object.__setattr__(self, f.name, int(value))
+            value = _check_number(f.name, f.type, getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
         for name in ("kernel_ops", "block_ops"):
             if isinstance(getattr(self, name), str):
                 raise SearchError(f"SearchConfig.{name}={getattr(self, name)!r} is one string",
@@ -80,6 +75,28 @@ class SearchConfig:
 
     def replace(self, **changes) -> "SearchConfig":
         return SearchConfig(**(asdict(self) | changes))
+
+
+# the smallest value of each numeric field that still describes a search (default 1)
+_MINIMUM = {"max_custom_ops": 0, "seed": 0, "reduced_extent": 2}
+
+
+def _check_number(name: str, kind: str, value):
+    """The value (a whole float becomes an int for an int field), or a typed error naming the
+    field, the value and the fix."""
+    if kind not in ("int", "float"):
+        return value
+    low = _MINIMUM.get(name, 1)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and kind == "int":
+        ok = value == math.floor(value)
+        value = int(value) if ok else value
+    if not ok or value < low or (kind == "float" and value <= 0):
+        what = "a positive, finite number" if kind == "float" else f"a whole number >= {low}"
+        default = SearchConfig.__dataclass_fields__[name].default
+        raise SearchError(f"SearchConfig.{name}={value!r} must be {what}",
+                          hint=f"e.g. SearchConfig({name}={default!r})")
+    return value
 
 
 def _known(name: str, enums) -> bool:

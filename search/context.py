@@ -11,9 +11,13 @@ from mugraph.search import interrupt
 
 
 class StopReason(Enum):
+    """Why the enumeration ended. Only EXHAUSTED says the whole space at the config's limits
+    was visited; every other value names the budget or cap that cut it short."""
+
     EXHAUSTED = "exhausted"
     TIME = "time"
     STATES = "states"
+    CANDIDATES = "candidate cap"
     INTERRUPTED = "interrupted"     # Ctrl-C or SIGTERM (search.interrupt)
 
 

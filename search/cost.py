@@ -17,7 +17,9 @@ streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the 
       in flight = min(C, S*b) x F;  streaming rate = min(BW, in flight / latency), the latency
       loaded when the bytes in flight could keep HBM busy at it, else idle (Little's law)
       t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / SM_fill_BW)
-      t_compute = (tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util
+      t_compute = (tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes
+  lanes = min(1, warps one SM holds / its processing blocks): a warp issues on one processing block (its
+  tensor core and FP32 lanes), so an SM with fewer resident warps than blocks leaves some idle
       t = max(t_memory, t_compute) + waves * first-load latency + split tail + launch
   split tail (a loop split over s CTAs): the last CTA of each block counts in (one L2 round
   trip) and reads the s partial states at its SM's fill rate. `bound` names the larger of
@@ -38,6 +40,7 @@ import weakref
 from dataclasses import dataclass
 from enum import Enum
 
+from mugraph.codegen.mma import FP32_MMA_PRODUCTS
 from mugraph.codegen.schedule import KernelSchedule, kernel_schedule
 from mugraph.ir.block import BlockGraph, Phase
 from mugraph.ir.errors import MugraphError, ResourceError
@@ -73,6 +76,7 @@ ELEMENTWISE_FLOPS: dict[TOp, int] = {
     TOp.GT: 1, TOp.GE: 1, TOp.LT: 1, TOp.LE: 1, TOp.EQ: 1, TOp.NE: 1,
     TOp.LOG1P: 8, TOp.EXPM1: 8,      # lg2/ex2 (MUFU) + a correction polynomial
     TOp.SOFTPLUS: 15,                # max + abs + exp + log1p + add
+    TOp.CAST: 2,                     # cvt.rn to the 16-bit type and back (to fp32: charged alike)
 }
 
 
@@ -218,11 +222,10 @@ def block_node_flops(node) -> tuple[int, int]:
     op = node.op
     if isinstance(op, TOp):
         return 0, ELEMENTWISE_FLOPS[op] * _elems(node.shape)
-    if op is BOp.MATMUL:
+    if op is BOp.MATMUL:  # an fp32 product runs as bf16 products on tensor cores (codegen/mma.py)
         a, b = node.srcs
-        tc = mma_dtype(a.dtype, b.dtype).is_16bit
-        f = matmul_flops(a.shape, b.shape, tc)
-        return (f, 0) if tc else (0, f)
+        f = matmul_flops(a.shape, b.shape, True)
+        return (f, 0) if mma_dtype(a.dtype, b.dtype).is_16bit else (FP32_MMA_PRODUCTS * f, 0)
     if op in BLOCK_REDUCE:
         return 0, _elems(node.srcs[0].shape)
     if op is BOp.RMS_NORM:
@@ -448,7 +451,7 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
     rate = _streaming_rate(resident * s.bytes_in_flight, t)
     memory = max(hbm / rate, (c.traffic + partials) / t.l2_bandwidth,
                  busiest * (c.traffic + partials) / s.ctas / t.sm_load_bandwidth)
-    compute = (c.tc_flops / t.mma_sync_flops + c.simt_flops / t.simt_flops) / util
+    compute = (c.tc_flops / t.mma_sync_flops + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest)
     latency = waves * t.hbm_latency_s + _split_tail(s, t)
     body = max(memory, compute)
     seconds = body + latency + launch
@@ -457,6 +460,13 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
     return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, s.ctas,
                           per_sm, waves, s.smem_bytes, bound, s.launch_grid, s.splits, s.stages,
                           inflight_sm)
+
+
+def _lanes(s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> float:
+    """The share of an SM's processing blocks the resident warps keep busy: a warp issues on one processing
+    block (its tensor core and FP32 lanes), so an SM holding fewer warps than it has blocks leaves some idle."""
+    warps = min(per_sm, busiest) * (s.threads // 32)
+    return min(1.0, warps / t.sm_subpartitions)
 
 
 def _streaming_rate(in_flight: int, t: Target) -> float:

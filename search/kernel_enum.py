@@ -14,11 +14,13 @@ from mugraph.ir import KernelGraph, KNode, custom
 from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BINARY, COMMUTATIVE, KOp, TERNARY, TOp, UNARY, is_mask
 from mugraph.search.block_enum import BlockEnumerator, Goal
+from mugraph.search.casts import cast_targets, spec_casts
 from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
 from mugraph.search.views import as_shape, over_inputs, same_extents, view_tensors
+from mugraph.verify.abstract import normalize as N
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
 
@@ -56,6 +58,7 @@ class KernelEnumerator:
         self.inputs = view_tensors(ctx, inputs, Tensor)   # the inputs and their layout views
         self.spec_outputs = spec_outputs          # [(KNode, expr)]
         self.block_cache: dict = {}
+        self.casts = spec_casts(ctx.spec)
 
     # ---- top level: coarse tasks for the executors ---------------------------------------------
     def root_tasks(self, depth: int) -> list[tuple]:
@@ -74,7 +77,7 @@ class KernelEnumerator:
         `max_block_inputs`: a causal mask adds two to the Q, K, V of an attention."""
         cfg = self.ctx.config
         needed = set()
-        for expr, _ in goal.targets:
+        for expr, *_ in goal.targets:
             needed |= self.ctx.pruner.variables(expr)
         index = [i for i, t in enumerate(tensors) if is_index_leaf(t.node)]
         plain = [i for i in range(len(tensors)) if i not in index]
@@ -157,7 +160,7 @@ class KernelEnumerator:
         """The last kernel must write exactly the spec outputs no tensor holds yet."""
         if not final:
             return Goal(self.ctx.config.max_block_outputs)
-        missing = tuple((expr, node.shape) for node, expr in self.spec_outputs
+        missing = tuple((expr, node.shape, node.dtype) for node, expr in self.spec_outputs
                         if not any(same_extents(t.node.shape, node.shape)
                                    and self.ctx.pruner.same(t.expr, expr)
                                    for t in tensors))
@@ -174,7 +177,11 @@ class KernelEnumerator:
 
     def _operands(self, op, tensors):
         nodes = [t.node for t in tensors]
-        if op in UNARY:
+        if op is TOp.CAST:  # where the spec rounds a value of the same form (search/casts.py)
+            for t in tensors:
+                for d in cast_targets(self.casts, N.normalize(t.expr), t.node.dtype):
+                    yield (t.node,), d
+        elif op in UNARY:
             for a in nodes:
                 if op is not TOp.CLAMP:
                     yield (a,), None
@@ -229,7 +236,8 @@ class KernelEnumerator:
         if reason is not None:
             ctx.counters.pruned[reason.value] += 1
             return None
-        if any(ctx.pruner.same(expr, t.expr) and t.node.shape == node.shape for t in tensors):
+        if any(ctx.pruner.same(expr, t.expr) and t.node.shape == node.shape
+               and t.node.dtype is node.dtype for t in tensors):
             ctx.counters.pruned[Reject.DUPLICATE.value] += 1
             return None
         return Tensor(node, expr, labels)
@@ -245,8 +253,14 @@ class KernelEnumerator:
 
     def _blocks(self, srcs, sk, goal):
         """Closed block graphs for one (inputs, skeleton, goal), yielded as they are found;
-        remembered once the enumeration has run to the end."""
-        key = (tuple(t.node for t in srcs), sk, goal)
+        remembered once the enumeration has run to the end.
+
+        Remembered by what the block enumeration reads of each input (shape, dtype, expression,
+        labels, mask or not), not by the node: tensors that different earlier kernels computed
+        the same way share one enumeration (the closed block graphs are the same; only the
+        custom op's sources differ)."""
+        key = (tuple((t.node.shape, t.node.dtype, t.expr, t.labels, is_mask(t.node))
+                     for t in srcs), sk, goal)
         counters = self.ctx.counters
         done = self.block_cache.get(key)
         if done is not None:

@@ -20,7 +20,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SearchReport:
-    stop_reason: str               # exhausted | time | states
+    stop_reason: str               # exhausted | time | states | candidate cap
     states: int
     block_graphs: int
     pruned: dict                   # by reason: expression, shape, label, phase, duplicate, memory
@@ -38,6 +38,11 @@ class SearchReport:
     config: str = ""
     best_found_seconds: float | None = None   # when the winner's structure was first found
     best_found_states: int | None = None      # ... and after how many states
+    final_check: str = ""          # what the check at the real shapes ran on (whole or sampled)
+    unchecked: int = 0             # candidates not checked at the real shapes: no time was left
+    simplified: int = 0            # structures the simplifier made smaller (re-verified)
+    split: int = 0                 # split-K / split-KV structures derived and verified
+    verifier_errors: tuple = ()    # candidates the verifier could not run (rejected), messages
     resumed: str = ""                         # where a resumed search took up (checkpoint)
     resized: str = ""                         # a winner re-sized from another shape's search
 
@@ -49,6 +54,7 @@ class SearchReport:
         lines = [
             f"stop reason: {self.stop_reason} after {self.search_seconds:.1f} s of search "
             f"({self.wall_seconds:.1f} s in all, with the check at the real shapes){found}",
+            f"{_STOP_MEANING.get(self.stop_reason, '')}",
             f"states visited: {self.states} ({self.block_graphs} block graphs closed)",
             f"pruned: {pruned or 'none'}",
             f"structures: {self.structures_found} found, {self.verified} verified, "
@@ -57,11 +63,45 @@ class SearchReport:
         ]
         if self.rules_fired:
             lines.append(f"canonicalised: {', '.join(self.rules_fired)}")
+        if self.simplified:
+            lines.append(f"simplified: {self.simplified} structures (each re-verified)")
+        if self.split:
+            lines.append(f"split: {self.split} split-K/split-KV structures derived and verified")
+        if self.final_check:
+            lines.append(f"check at the real shapes: {self.final_check}")
+        if self.verifier_errors:
+            lines.append(f"rejected because the verifier could not run them: "
+                         f"{len(self.verifier_errors)} (first: {self.verifier_errors[0]})")
+        if self.unchecked:
+            lines.append(f"not checked at the real shapes (the budget ran out): "
+                         f"{self.unchecked} candidates")
         if self.resumed:
             lines.append(self.resumed)
         if self.resized:
             lines.append(self.resized)
-        return "\n".join(lines)
+        return "\n".join(line for line in lines if line)
+
+
+_STOP_MEANING = {
+    "exhausted": "the whole space at the config's limits was visited",
+    "time": "the time budget ended the enumeration; the space was not exhausted",
+    "states": "the state budget ended the enumeration; the space was not exhausted",
+    "candidate cap": "max_candidates verified structures ended the enumeration; the space was "
+                     "not exhausted",
+    "interrupted": "a stop request ended the enumeration; the space was not exhausted and the "
+                   "winner was not checked at the real shapes",
+}
+
+
+@dataclass(frozen=True)
+class SpecItself:
+    """The verification of a winner that is the spec itself: there is nothing to compare."""
+
+    equivalent: bool = True
+    error_bound: float = 0.0
+
+    def __str__(self) -> str:
+        return "none needed: the winner is the spec itself"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
 """The search runner: a flat pipeline of named steps from a spec to a verified, ranked winner.
 
-    canonicalise -> reduce shapes -> enumerate structures (iterative deepening, executors)
-    -> verify each at reduced shapes -> size for the real shapes (cost model) -> rank
-    -> verify the winner at the real shapes
+    validate -> canonicalise -> reduce shapes -> enumerate structures (iterative deepening,
+    executors) -> verify, simplify and re-verify each at reduced shapes -> derive the split-K /
+    split-KV form of each loop kernel (verified) -> size for the real shapes (cost model) ->
+    rank -> check the winner at the real shapes (bounded: sampled output blocks where the whole
+    output costs too much)
+
+`config.budget_seconds` bounds the whole call; the report says why the enumeration stopped.
 """
 from __future__ import annotations
 
@@ -12,14 +16,17 @@ from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import SearchError
+from mugraph.ir.ops import KERNEL_LAYOUT, KERNEL_LEAF, KOp
 from mugraph.search.config import SearchConfig
 from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, Reject,
                                      StopReason, TaskCapReached)
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
 from mugraph.search.leaves import index_inputs, restore
-from mugraph.search.result import Candidate, SearchReport, SearchResult
+from mugraph.search.result import Candidate, SearchReport, SearchResult, SpecItself
 from mugraph.search.rules import canonicalize
+from mugraph.search.simplify import op_count, simplify
+from mugraph.search.split import split_structures
 
 
 @dataclass
@@ -97,12 +104,12 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     `checkpoint` (a `search.checkpoint.Checkpointer`) resumes from the state a stopped run left
     and saves the state as the search goes. A stop request (`search.interrupt`) ends the
     enumeration at once; the result then holds the best structure verified so far, without the
-    check at the real shapes, and the stop reason "interrupted"."""
+    check at the real shapes, and the stop reason "interrupted".
+
+    `config.budget_seconds` bounds the whole call: the enumeration ends `finish_reserve` seconds
+    early so the ranking and the bounded check at the real shapes fit in what is left."""
     from mugraph.search.executors import make_executor
-    config = config or SearchConfig()
-    if not isinstance(spec, KernelGraph):
-        raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
-                          hint="trace a JAX function with mugraph.ir.from_jax first")
+    config = validate(spec, config)
     started = time.monotonic()
     show = progress if progress is not None else _default_progress(config)
     canonical, fired = canonicalize(spec)
@@ -115,8 +122,10 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     executor = executor or make_executor(config.workers)
     ranking = _Ranking(spec, constants, config, indexed, leaves)
     hooks = _Hooks(checkpoint, ranking)
+    deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds)
+    ranking.deadline = deadline
     try:
-        counters, stop = _enumerate(problem, executor, started, show, ranking, hooks)
+        counters, stop = _enumerate(problem, executor, started, deadline, show, ranking, hooks)
         searched = time.monotonic() - started + hooks.searched_before
     finally:
         getattr(show, "close", lambda: None)()
@@ -124,6 +133,26 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
             executor.close()
     return _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started,
                    searched, hooks.resumed_note)
+
+
+def validate(spec, config) -> SearchConfig:
+    """Typed errors for bad arguments before any work is done."""
+    if not isinstance(spec, KernelGraph):
+        raise SearchError(f"search takes a KernelGraph, got {type(spec).__name__}",
+                          hint="trace a JAX function with mugraph.ir.from_jax first")
+    config = SearchConfig() if config is None else config
+    if not isinstance(config, SearchConfig):
+        raise SearchError(f"search takes a SearchConfig, got {type(config).__name__}",
+                          hint="build one with mugraph.search.SearchConfig(...)")
+    return config
+
+
+FINISH_SHARE = 0.25     # of the budget kept for ranking and the final check ...
+FINISH_MAX = 30.0       # ... but never more than this many seconds
+
+
+def finish_reserve(budget: float) -> float:
+    return min(FINISH_SHARE * budget, FINISH_MAX)
 
 
 class _Ranking:
@@ -138,8 +167,15 @@ class _Ranking:
         self.started = time.monotonic()
         self.first_found: dict = {}
         self.misfits = 0               # real-shape sizings that do not fit the target's memory
+        self.simplified = 0            # structures the simplifier made smaller (re-verified)
+        self.split = 0                 # split-K / split-KV structures derived and verified
+        self.crashes: list = []        # verifier errors on candidates (each one rejected)
+        self.deadline = float("inf")   # when sizing must stop (the enumeration's deadline)
 
     def _fits(self, graph) -> bool:
+        # sizing one structure at large shapes can take long: the deadline is checked per option
+        if time.monotonic() > self.deadline:
+            raise BudgetExhausted(StopReason.TIME)
         ok = self.fits(graph, self.config.target)
         self.misfits += not ok
         return ok
@@ -196,13 +232,15 @@ FIRST_CAP = 2048     # states per task in the first round; each round multiplies
 CAP_GROWTH = 4
 
 
-def _enumerate(problem, executor, started, show, ranking, hooks):
+def _enumerate(problem, executor, started, deadline, show, ranking, hooks):
     """Iterative deepening on kernel ops; within a depth, iterative broadening over root tasks:
     every task gets a share of states per round, unfinished tasks run again with a share
     CAP_GROWTH times larger, so no single unpromising subtree can eat the budget. The state is
-    saved after every task (hooks); a resumed search starts in the round it was stopped in."""
+    saved after every task (hooks); a resumed search starts in the round it was stopped in.
+
+    The stop reason is EXHAUSTED only when every task of every depth ran to its end; the state
+    and time budgets, the candidate cap and an interrupt each stop it with their own reason."""
     config = problem.config
-    deadline = started + config.budget_seconds
     counters, seen, stop = Counters(), set(), StopReason.EXHAUSTED
     enum = _enumerator(problem, deadline, config.budget_states)
     first_depth, resumed = 1, hooks.start
@@ -232,8 +270,12 @@ def _enumerate(problem, executor, started, show, ranking, hooks):
             for i, (task, (found, task_counters, task_stop, finished)) in enumerate(zip(
                     pending, executor.map(run_task, batch))):
                 counters.merge(task_counters)
-                _verify_found(problem, found, seen, counters, ranking)
+                try:
+                    _verify_found(problem, found, seen, counters, ranking)
+                except BudgetExhausted as e:      # sizing ran into the deadline
+                    task_stop = task_stop or e.reason
                 show(counters, ranking.best_seconds, time.monotonic() - started)
+                task_stop = task_stop or _cap_or_deadline(counters, config, deadline)
                 if task_stop is not None:
                     stop = task_stop
                     hooks.save(started, depth, cap, share, pending[i:], unfinished, counters,
@@ -243,10 +285,20 @@ def _enumerate(problem, executor, started, show, ranking, hooks):
                     unfinished.append(task)
                 hooks.save(started, depth, cap, share, pending[i + 1:], unfinished, counters, seen)
             pending, cap = unfinished, cap * CAP_GROWTH
-        if stop is not StopReason.EXHAUSTED or counters.verified >= config.max_candidates:
+        if stop is not StopReason.EXHAUSTED:
             break
         hooks.save(started, depth + 1, FIRST_CAP, None, _NEXT_DEPTH, [], counters, seen)
     return counters, stop
+
+
+def _cap_or_deadline(counters, config, deadline):
+    """A stop reason the enumeration itself does not see: verifying and sizing take time too,
+    and the candidate cap counts verified structures."""
+    if time.monotonic() > deadline:
+        return StopReason.TIME
+    if counters.verified >= config.max_candidates:
+        return StopReason.CANDIDATES
+    return None
 
 
 # a saved frontier at a depth boundary: the next depth's root tasks (computed when resuming)
@@ -254,17 +306,49 @@ _NEXT_DEPTH = None
 
 
 def _verify_found(problem, found, seen, counters, ranking) -> None:
-    """The finite-field test at the reduced shapes for every new structure; rank the verified."""
+    """The finite-field test at the reduced shapes for every new structure; the verified ones
+    are simplified (kept only if the simpler graph passes the test too) and ranked."""
     from mugraph.verify import quick_equivalent
     config = problem.config
+
+    def passes(graph) -> bool:
+        try:
+            return quick_equivalent(problem.reduced, graph, tests=config.verify_tests,
+                                    seed=config.seed)
+        except Exception as e:       # a verifier crash rejects the candidate, and is reported
+            ranking.crashes.append(f"{type(e).__name__}: {e}"[:300])
+            return False
+
     for graph in found:
         if graph in seen:
             continue
         seen.add(graph)
         counters.candidates += 1
-        if quick_equivalent(problem.reduced, graph, tests=config.verify_tests, seed=config.seed):
+        if not passes(graph):
+            counters.rejected += 1
+            continue
+        counters.verified += 1
+        simpler, fired = simplify(graph)
+        if fired and simpler not in seen and passes(simpler):
+            seen.add(simpler)
+            ranking.simplified += 1
+            graph = simpler
+        ranking.add(graph, counters.states)
+        _add_splits(graph, problem, seen, counters, ranking, passes)
+
+
+def _add_splits(graph, problem, seen, counters, ranking, passes) -> None:
+    """The split-K / split-KV structures of a verified one (search/split.py), each verified."""
+    config = problem.config
+    for variant in split_structures(graph, config.max_kernel_ops, config.max_custom_ops):
+        if variant in seen:
+            continue
+        seen.add(variant)
+        counters.candidates += 1
+        if passes(variant):
             counters.verified += 1
-            ranking.add(graph, counters.states)
+            ranking.split += 1
+            ranking.add(variant, counters.states)
         else:
             counters.rejected += 1
 
@@ -273,15 +357,13 @@ def _rank_key(c: Candidate):
     """Faster first; ties (common when memory-bound) go to less traffic, less arithmetic,
     fewer launches, fewer block ops; the digest makes the order total and reproducible."""
     est = c.estimate
-    ops = sum(len(bg.nodes) for bg, _ in c.graph.custom_ops())
-    return (round(c.seconds, 12), est.hbm_bytes, est.simt_flops, est.launches, ops,
+    return (round(c.seconds, 12), est.hbm_bytes, est.simt_flops, est.launches, op_count(c.graph),
             c.origin != "search", c.graph.digest())
 
 
 def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, started, searched,
             resumed=""):
     from mugraph.search.cost import estimate, roofline
-    from mugraph.verify import check, quick_equivalent
     target = config.target
     ranked = list(ranking.candidates)
     ranked.append(Candidate(spec, estimate(spec, target), "the unfused spec (library kernels)",
@@ -290,44 +372,79 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         ranked.append(Candidate(canonical, estimate(canonical, target),
                                 "the canonical spec (library kernels)", "spec"))
     ranked.sort(key=_rank_key)
-    verification, rejected = None, 0
-    while ranked and stop is not StopReason.INTERRUPTED:  # stopping: no check at the real shapes
-        if ranked[0].graph is spec:
-            # the program itself is its own reference: nothing to verify, and a float test of
-            # a 16-bit program against float64 can fail for the program itself (bf16 softmax)
-            verification = None
-            break
-        # a cheap exact test first: a structure that fails at the real shapes is not worth the
-        # full check (several float and finite-field runs)
-        if quick_equivalent(spec, ranked[0].graph, seed=config.seed):
-            verification = check(spec, ranked[0].graph, seed=config.seed)
-            if verification.equivalent:
-                break
-        rejected += 1
-        ranked.pop(0)
-    if not ranked:
-        raise SearchError("no candidate passed verification at the real shapes")
-    best = ranked[0]
+    if stop is StopReason.INTERRUPTED:   # stopping: the best so far, unchecked at the real shapes
+        outcome = _Checked(ranked, None, None)
+    else:
+        outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds)
+    best = outcome.ranked[0]
     counters.pruned[Reject.MEMORY.value] = ranking.misfits
+    found = ranking.first_found.get(best.graph, (None, None))
     report = SearchReport(
         stop_reason=stop.value, states=counters.states, block_graphs=counters.block_graphs,
         pruned=dict(counters.pruned), structures_found=counters.candidates,
-        verified=counters.verified, rejected=counters.rejected + rejected,
+        verified=counters.verified, rejected=counters.rejected + outcome.rejected,
         wall_seconds=time.monotonic() - started, search_seconds=searched, rules_fired=tuple(fired),
         reduced_shapes={n.arg[0]: n.shape for n in reduced.inputs}, target=target,
         spec_estimate=estimate(spec, target), roofline=roofline(spec, target),
-        verification=verification, config=config.to_json(),
-        best_found_seconds=ranking.first_found.get(best.graph, (None, None))[0],
-        best_found_states=ranking.first_found.get(best.graph, (None, None))[1], resumed=resumed)
-    return SearchResult(best.graph, tuple(ranked), report, spec)
+        verification=outcome.verification, config=config.to_json(),
+        best_found_seconds=found[0], best_found_states=found[1],
+        final_check=_final_check_text(outcome),
+        unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split,
+        verifier_errors=tuple(ranking.crashes), resumed=resumed)
+    return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
+
+
+def _final_check_text(outcome) -> str:
+    if isinstance(outcome.verification, SpecItself):
+        return ""
+    return outcome.sampled or "the whole output"
+
+
+@dataclass
+class _Checked:
+    ranked: list
+    verification: object
+    sampled: str | None
+    rejected: int = 0
+    unchecked: int = 0
+
+
+def _check_ranked(spec, ranked, config, deadline) -> _Checked:
+    """Check candidates at the real shapes, best first, until one passes; the spec itself needs
+    no check and ends the walk. Once the deadline has passed, the rest are not checked (counted
+    as unchecked) and the spec wins: the budget bounds the whole call."""
+    from mugraph.search.final_check import plan
+    from mugraph.verify import check, quick_equivalent
+    kept, rejected, unchecked = [], 0, 0
+    verification, sampled = None, None
+    for cand in ranked:
+        if verification is not None:
+            kept.append(cand)
+        elif cand.graph is spec:
+            verification = SpecItself()
+            kept.append(cand)
+        elif time.monotonic() > deadline:
+            unchecked += 1
+        else:
+            pair = plan(spec, cand.graph)
+            # a cheap exact test first: a structure that fails at the real shapes is not worth
+            # the full check (several float and finite-field runs)
+            report = None
+            if quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
+                report = check(pair.spec, pair.candidate, seed=config.seed)
+            if report is not None and report.equivalent:
+                verification, sampled = report, pair.sampled
+                kept.append(cand)
+            else:
+                rejected += 1
+    return _Checked(kept, verification, sampled, rejected, unchecked)
 
 
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    from mugraph.ir.ops import KERNEL_LAYOUT, KOp
-    read_by_library = {s for n in graph.nodes if n.op.value != "custom" for s in n.srcs}
-    library = [n for n in graph.nodes if n.op.value not in ("input", "constant", "custom")
+    read_by_library = {s for n in graph.nodes if n.op is not KOp.CUSTOM for s in n.srcs}
+    library = [n for n in graph.nodes if n.op not in KERNEL_LEAF and n.op is not KOp.CUSTOM
                and not (n.op in KERNEL_LAYOUT and n not in read_by_library
                         and (n not in graph.outputs or n.op is KOp.RESHAPE))]   # views
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]

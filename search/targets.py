@@ -41,6 +41,7 @@ class Target:
     max_threads_per_sm: int
     max_threads_per_block: int
     max_blocks_per_sm: int
+    sm_subpartitions: int       # processing blocks per SM (own scheduler, tensor core, FP32 lanes); a warp uses one
     launch_s: float             # per kernel, eager launches from the host
     graph_launch_s: float       # per kernel inside a CUDA graph
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from mugraph.ir import KernelGraph, KNode
+from mugraph.ir import DType, KernelGraph, KNode
 from mugraph.ir.ops import KOp, TOp
 from mugraph.ir.thread import TNode, const, ops_of, param
 from mugraph.verify import abstract
@@ -32,14 +32,23 @@ def _scalar_constant(n: KNode) -> bool:
     return n.op is KOp.CONSTANT and all(d == 1 for d in n.shape)
 
 
+def _widening(n: KNode) -> bool:
+    """A cast to fp32: exact in a block, whose values are fp32 registers or 16-bit tiles read
+    exactly (casts to 16-bit dtypes round, and stay in the unit)."""
+    return n.op is TOp.CAST and n.dtype is DType.FLOAT32
+
+
 def cone(node: KNode) -> tuple[TNode, tuple[KNode, ...]]:
-    """The elementwise cone of `node` as a thread graph, and the spec values its params read."""
+    """The elementwise cone of `node` as a thread graph, and the spec values its params read
+    (casts to fp32 left out: see `_widening`)."""
     leaves: list[KNode] = []
     made: dict = {}
 
     def build(n: KNode) -> TNode:
         if n not in made:
-            if isinstance(n.op, TOp):
+            if _widening(n):
+                made[n] = build(n.srcs[0])
+            elif isinstance(n.op, TOp):
                 made[n] = TNode(n.op, tuple(build(s) for s in n.srcs), n.arg)
             elif _scalar_constant(n):
                 made[n] = const(n.arg[0])

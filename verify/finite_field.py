@@ -3,10 +3,11 @@ with their real tiling), and a stated bound on the chance that a non-equivalent 
 
 Design
 ------
-A test draws a safe prime p = 2q + 1 (q a random prime in [2^29, 2^30): about 1.6 million of
-them), a generator g of the order-q subgroup G of Z_p*, a 128-bit key, and every input element
-uniformly. A value is its residue in Z_p and, when either program has an exp, also an *exponent
-image* in Z_q ∪ {⊥} (`field_semantics.py` holds the op table; `field_bound.py` the bound):
+A test draws a safe prime p = 2q + 1 (q a random prime in [2^49, 2^50): about 6e11 of them,
+so 2^50 < p < 2^51), a generator g of the order-q subgroup G of Z_p*, a 128-bit key, and every
+input element uniformly. A value is its residue in Z_p and, when either program has an exp, also
+an *exponent image* in Z_q ∪ {⊥} (`field_semantics.py` holds the op table; `field_bound.py` the
+bound):
 
 * +, −, ×, ÷, matmul, sums, integer powers, constants (a float is the dyadic rational it
   stores): exact in Z_p and in Z_q. ⊥ absorbs; a zero Z_p divisor discards the draw (it is
@@ -31,6 +32,15 @@ image* in Z_q ∪ {⊥} (`field_semantics.py` holds the op table; `field_bound.p
 * Without an exp in either program images are never read; the test then runs on residues only.
 Outputs are compared on their residues.
 
+The arithmetic is exact (`field.py`): a product's quotient by p comes from float64 within one of
+the truth (residues below 2^51 are exact in float64; three roundings err by under 0.76), and the
+remainder is computed in int64 modulo 2^64 and corrected; a matmul splits its operands into limbs
+whose products, summed over chunks of K, stay below 2^53, so float64 BLAS is exact in any order;
+sums reduce every 2^12 terms; inverses are Fermat's, or Montgomery's batch trick on a tree.
+Why fields this large: one output element of attention over 4096 keys reads 4096 exps in each
+program, and the collision term (2) below is C(8192, 2)·D/q: about 2^-3 with q >= 2^29, which
+took 14-25 tests to reach 2^-40, and about 2^-22 with q >= 2^49, so two tests reach it.
+
 Why a pass means something (proof sketch)
 -----------------------------------------
 Atoms: the input elements and the value of every exp, max/min and uninterpreted application.
@@ -42,7 +52,9 @@ the atoms. One test then passes a non-equivalent pair only through one of these 
     nonzero polynomial of degree d <= max(n_s + d_c, n_c + d_s) (`field_bound.py`'s symbolic
     pass runs the op table on degrees; a sum of n fractions is allowed n different
     denominators). Inputs, uninterpreted and max/min values are uniform on Z_p, exp values on
-    G: P <= d/q (d/p without exp).
+    G: P <= d/q (d/p without exp). Uniform exactly: inputs come from NumPy's unbiased bounded
+    integers and hashed values by rejection (`field.uniform_below`); a bare h mod p would tilt
+    each value by up to p/2^64, and SZ's guarantee is per variable, over thousands of them.
 (2) Argument collisions. An uninterpreted function (or Φ) applied to two formally different
     arguments that happen to be equal gives both one value, which (1) does not see; likewise two
     exps whose exponent images collide. A pair of arguments differs by a nonzero rational
@@ -61,8 +73,8 @@ The printed bound is Π ε_t. It rests on three assumptions it does not price:
      exponents linear with small coefficients this is Schwartz–Zippel over G; in general it is
      the conjecture Li & Wu's analysis of exponentiation gates rests on);
 (A3) some coefficient of the difference polynomial is not divisible by p: p is drawn from about
-     1.6e6 primes per test, so a coefficient of H bits is divisible by it with probability
-     <= H / (29 · 1.6e6) (constants equal to the old fixed primes no longer fool the test).
+     6e11 primes per test, so a coefficient of H bits is divisible by it with probability
+     <= H / (50 · 6e11) (constants equal to a fixed prime could not fool the test).
 Invisible by design (the float test's job): anything equal in exact arithmetic but not in
 floating point — overflow, cancellation, rounding, IEEE special values. A constant folded in
 floating point (x·(1/3) vs x/3) is a false rejection.
@@ -142,11 +154,16 @@ def draw_inputs(graph: KernelGraph, draw: Draw, exponents: bool = True) -> dict[
     for i, node in enumerate(graph.inputs):
         rng = np.random.default_rng(np.random.SeedSequence(
             draw.seed, spawn_key=(draw.test, draw.attempt, 2, i)))
-        residues = rng.integers(0, draw.field.p, node.shape, np.int64)
+        residues = _uniform(rng, draw.field.p, node.shape)
         if exponents:
-            residues = join(residues, rng.integers(0, draw.field.q, node.shape, np.int64))
+            residues = join(residues, _uniform(rng, draw.field.q, node.shape))
         arrays[node.arg[0]] = residues
     return arrays
+
+
+def _uniform(rng: np.random.Generator, m: int, shape) -> np.ndarray:
+    # NumPy's bounded uint64 draw is unbiased and twice as fast as its int64 one
+    return rng.integers(0, m, shape, np.uint64).view(np.int64)
 
 
 def evaluate(graph: KernelGraph, draw: Draw, inputs=None, exponents: bool = True) -> list:

@@ -23,7 +23,8 @@ from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import KERNEL_EVAL, run_block_graph
 from mugraph.ir.node import BNode
 from mugraph.ir.ops import BOp, KOp
-from mugraph.verify.field import as_u64, derive_key, join, mix64, single_threaded_blas
+from mugraph.verify.field import (as_u64, derive_key, join, mix64, single_threaded_blas,
+                                  uniform_below)
 from mugraph.verify.field_bound import pair_bound
 from mugraph.verify.field_semantics import NeedsExponents, ZeroDivisorDrawn
 from mugraph.verify.finite_field import (FiniteFieldResult, default_count, first_mismatch,
@@ -233,11 +234,10 @@ def hashed_input(draw, node, sets, exponents: bool) -> np.ndarray:
         stride = math.prod(node.shape[d + 1:])
         index = index + (axis * stride).reshape((1,) * d + (-1,) + (1,) * (len(node.shape) - d - 1))
     h = mix64(mix64(as_u64(index) ^ key))
-    residues = (h % np.uint64(draw.field.p)).astype(np.int64)
+    residues = uniform_below(h, draw.field.p)
     if not exponents:
         return residues
-    q = (mix64(h ^ np.uint64(0x5851F42D4C957F2D)) % np.uint64(draw.field.q)).astype(np.int64)
-    return join(residues, q)
+    return join(residues, uniform_below(mix64(h ^ np.uint64(0x5851F42D4C957F2D)), draw.field.q))
 
 
 def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponents: bool) -> dict:

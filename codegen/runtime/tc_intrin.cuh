@@ -12,14 +12,14 @@ typedef unsigned short mg_bf16;  // bfloat16, raw bits (the bits of ml_dtypes.bf
 #if defined(__CUDACC__)
 #define MG_GLOBAL extern "C" __global__
 #define MG_DEVICE __device__ __forceinline__
-#define MG_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define MG_LAUNCH_BOUNDS(...) __launch_bounds__(__VA_ARGS__)  // (threads[, CTAs per SM])
 #define MG_SHARED_DYN(name) extern __shared__ __align__(128) unsigned char name[]
 #define MG_CPU_ENTRY(kernel)  // the CPU entry point exists only in g++ builds
 #else
 #include "cuda_cpu_shim.h"
 #define MG_GLOBAL extern "C"
 #define MG_DEVICE inline
-#define MG_LAUNCH_BOUNDS(threads)
+#define MG_LAUNCH_BOUNDS(...)
 #define MG_SHARED_DYN(name) unsigned char* const name = mgshim::dynamic_smem()
 #endif
 

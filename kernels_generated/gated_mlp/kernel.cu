@@ -7,7 +7,7 @@ MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
 //   sm1 [0, 32768) input 1 tile [64, 64] x 4 stages
 //   sm2 [32768, 65536) input 2 tile [64, 64] x 4 stages
 //   sm0 [65536, 69632) input 0 tile [8, 64] x 4 stages
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair

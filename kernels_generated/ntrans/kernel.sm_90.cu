@@ -11,7 +11,7 @@ MG_DEVICE float mg_square(float x) { return x * x; }
 //   sm5 [24576, 24592) warp partials (1 x 4)
 //   sm6 [24576, 24580) rsqrt(mean(x^2)) of rms_norm[1, 4096]
 //   sm4 [24704, 24708) rsqrt(mean(x^2)) of rms_norm[1, 4096]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 4096]

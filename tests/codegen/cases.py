@@ -201,6 +201,37 @@ def chained_products(seed=0):
         [_rand(rng, Q.shape, scale=0.5), _rand(rng, K.shape, scale=0.5), _rand(rng, V.shape)]
 
 
+def decode_attention(kind: str):
+    """One-launch decode attention, every query row of a KV head in one block (GQA-packed): the loop over keys
+    is split over CTAs by the schedule, each publishing fp32 partials the last one combines; ``kind`` "plain"
+    (no max shift), "online" (running max, rescaled sums: one max per row in the partial state) or "qknorm"
+    (fp32 normalised operands: three bf16 products)."""
+    def build(seed=0):
+        rng = np.random.default_rng(seed)
+        Q = ir.input("Q", (2, 64, 64), "float16")
+        K = ir.input("K", (2, 64, 1024), "float16")
+        V = ir.input("V", (2, 1024, 64), "float16")
+        b = ir.BlockBuilder(grid=(2, 1, 1), forloop=16)
+        q = b.input(Q, imap=(0, None, None))
+        k = b.input(K, imap=(0, None, None), fmap=2)
+        v = b.input(V, imap=(0, None, None), fmap=1)
+        if kind == "qknorm":
+            s = (q.rms_norm(2, EPS) @ k.rms_norm(1, EPS)) * 0.125
+        else:
+            s = q @ k
+        if kind == "online":
+            m = s.acc_max_last()
+            e = (s - m).exp()
+            out = (e @ v).acc_sum_rescale(m) / e.acc_sum_last_rescale(m)
+        else:
+            e = s.exp()
+            out = (e @ v).acc_sum() / e.acc_sum_last()
+        scale = 1.0 if kind == "qknorm" else 0.3
+        return _graph(b.finish([(out, (0, None, None))]), [Q, K, V]), \
+            [_rand(rng, Q.shape, scale=scale), _rand(rng, K.shape, scale=scale), _rand(rng, V.shape)]
+    return build
+
+
 # ---- layouts and schedules ------------------------------------------------------------------------------------
 
 
@@ -294,6 +325,7 @@ CASES = {
     "split_partials": split_partials,
     "elementwise_only": elementwise_only,
     "invariant_accumulation": invariant_accumulation,
+    **{f"decode_attention_{k}": decode_attention(k) for k in ("plain", "online", "qknorm")},
 }
 
 

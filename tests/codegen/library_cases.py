@@ -34,6 +34,7 @@ CASES = {
     TOp.EQ: lambda: _x().eq(_x().relu()), TOp.NE: lambda: _x().ne(_x().relu()),
     TOp.IS_FINITE: lambda: (_x() / _x().relu()).is_finite(),
     TOp.SELECT: lambda: _x().gt(0.0).select(_x(name="y"), float("-inf")),
+    TOp.CAST: lambda: (_x((4, 8), "float32") * 1000.0).cast("float16"),   # rounds, some to inf
     KOp.IOTA: lambda: ir.iota((4, 8), 1, "float16"),
     KOp.CONSTANT: lambda: ir.constant(0.3, (4, 8), "float16"),
     KOp.MATMUL: lambda: _x((2, 4, 32)) @ _x((32, 8), name="w"),

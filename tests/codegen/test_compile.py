@@ -17,7 +17,7 @@ GEMM_SOURCE = (KERNELS / "gemm_tc.cu").read_text()
 
 
 def kernel_names(source: str) -> set[str]:
-    return set(re.findall(r"MG_GLOBAL void (?:MG_LAUNCH_BOUNDS\(\w+\)\s*)?(\w+)\(", source))
+    return set(re.findall(r"MG_GLOBAL void (?:MG_LAUNCH_BOUNDS\([\w, ]+\)\s*)?(\w+)\(", source))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

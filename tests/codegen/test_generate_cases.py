@@ -85,3 +85,18 @@ def test_fp32_products(mode, tolerance):
         out = run_plan(module, cpu, arrays, schedule="warpgreedy", seed=1)
         limit = tolerance if make is fp32_product else TOLERANCE
         assert max_rel_error(out, ref) <= limit
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_decode_attention_splits_its_keys_keeps_q_in_registers_and_one_max_per_row(arch):
+    """The packed decode cases really split their loop (the harness runs the hand-over), keep the query's mma
+    fragments in registers across the loop, and publish the online softmax's running max once per row: O, m, l."""
+    from mugraph.codegen.schedule import kernel_schedule
+    for kind in ("plain", "online"):
+        graph, _ = CASES[f"decode_attention_{kind}"](0)
+        ((bg, _),) = graph.custom_ops()
+        s = kernel_schedule(bg, arch)
+        assert s.splits > 1
+        assert s.state_bytes == 4 * (64 * 64 + 64 * (2 if kind == "online" else 1))
+        src = generate(graph, arch).source
+        assert "kept in registers across the loop" in src and "mg_atomic_inc" in src

@@ -95,7 +95,7 @@ def _every_op_graph(shape=(16, 64)):
     b = ir.BlockBuilder(grid=(1, 1, 1), forloop=1)
     x, y, z = (b.input(t, imap=None, fmap=1).acc_sum() for t in ins)
     ops = sorted(UNARY | BINARY | TERNARY, key=lambda op: op.value)
-    args = {ir.TOp.CLAMP: (-1.0, 1.0)}
+    args = {ir.TOp.CLAMP: (-1.0, 1.0), ir.TOp.CAST: ir.DType.FLOAT16}
     outs = [ir.BNode(op, (x, y, z)[:1 if op in UNARY else 2 if op in BINARY else 3], args.get(op))
             for op in ops]
     return ops, ir.KernelGraph(b.finish([(o, (None,)) for o in outs]), ins)
@@ -115,3 +115,35 @@ def test_every_elementwise_op_treats_special_values_as_the_interpreter_does_on_t
                                       err_msg=f"{op.value}: infinities")
         np.testing.assert_allclose(g[finite], w[finite], rtol=1e-5, atol=1e-30,
                                    err_msg=f"{op.value}: finite values")
+
+
+def _fp32_matmul(m=16, k=32, n=16):
+    X, W = ir.input("x", (m, k), "float32"), ir.input("w", (k, n), "float32")
+    b = ir.BlockBuilder(grid=(1, 1, 1), forloop=1)
+    (y,) = b.finish([((b.input(X) @ b.input(W)).acc_sum(), None)])
+    return ir.KernelGraph([y], [X, W])
+
+
+def test_fp32_matmuls_on_tensor_cores_keep_ieee_specials_on_the_harness():
+    """The bf16 split of fp32 operands (hi, lo): an inf keeps its inf (inf * 0 residuals would make NaN), a NaN
+    stays NaN, inf * 0 is NaN, a finite value that rounds to bf16 inf saturates instead (FLT_MAX * 0.5 is
+    finite)."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((16, 32)) * 0.25).astype(np.float32)
+    w = (rng.standard_normal((32, 16)) * 0.25).astype(np.float32)
+    x[0, 0], w[0, :] = np.inf, 1.0          # residual of 1.0 is 0: inf * 1 must stay inf
+    w[0, 3], w[0, 4], w[0, 5] = 0.0, -2.0, 1.001
+    x[1, 1] = -np.inf
+    x[2, 2] = np.nan
+    x[3, 3], w[3, :] = np.finfo(np.float32).max, 0.5
+    x[4, 4], w[4, 6], w[4, 7] = np.inf, np.inf, -np.inf
+    (got,) = run_on_cpu(_fp32_matmul(), [x, w])
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = (x.astype(np.float64)[:, :, None] * w.astype(np.float64)[None, :, :]).sum(axis=1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got) & (got > 0), np.isinf(want) & (want > 0))
+    np.testing.assert_array_equal(np.isinf(got) & (got < 0), np.isinf(want) & (want < 0))
+    assert np.isnan(got[0, 3]) and got[0, 4] == -np.inf and got[0, 5] == np.inf and np.isfinite(got[3, :6]).all()
+    finite = np.isfinite(want)
+    scale = np.abs(np.where(finite, want, 0)).max(axis=1, keepdims=True) + 1
+    np.testing.assert_array_less(np.abs(got[finite] - want[finite]), (1e-3 * np.broadcast_to(scale, want.shape))[finite])

@@ -45,6 +45,7 @@ JNP_ELEMENTWISE = {
     TOp.NE: lambda x, y, arg: (x != y).astype(jnp.float32),
     TOp.IS_FINITE: lambda x, arg: jnp.isfinite(x).astype(jnp.float32),
     TOp.SELECT: lambda c, a, b, arg: jnp.where(c != 0, a, b),
+    TOp.CAST: lambda x, arg: x,   # its real value, as the float64 interpreter computes it
 }
 
 

@@ -10,7 +10,8 @@ F16 = "float16"
 
 
 def _clamp_arg(op):
-    return (-1.0, 1.0) if op is TOp.CLAMP else None
+    """The argument of a sample of a parametric op (clamp's bounds, a cast's dtype)."""
+    return (-1.0, 1.0) if op is TOp.CLAMP else ir.DType.BFLOAT16 if op is TOp.CAST else None
 
 
 def kernel_sample(op) -> KernelGraph:

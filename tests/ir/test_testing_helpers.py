@@ -117,7 +117,7 @@ def test_kernel_graphs_are_well_formed(graph):
 def test_kernel_graphs_reach_every_op():
     seen = set()
 
-    @settings(max_examples=300)  # drawing only, no interpretation: cheap
+    @settings(max_examples=500)  # drawing only, no interpretation: cheap
     @given(testing.kernel_graphs(max_nodes=8))
     def collect(graph):
         seen.update(n.op for n in graph.nodes)

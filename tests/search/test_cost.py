@@ -384,3 +384,62 @@ def test_a_calibration_run_rewrites_the_table_the_model_reads(tmp_path, monkeypa
         monkeypatch.delenv("MUGRAPH_CALIBRATION")
         calibration.reload()
     assert calibration.constants("h200")["hbm_efficiency"] == TARGETS["h200"].hbm_efficiency
+
+
+# ---- decode attention: what the model charges the code it ranks ----------------------------------------------
+def packed_attention(threads=128, q=64, kv=1024, qtype="float16"):
+    """Every query row of a KV head in one block; the schedule splits the loop over keys."""
+    Q, K, V = ir.input("Q", (2, q, 64), qtype), ir.input("K", (2, 64, kv), qtype), ir.input("V", (2, kv, 64), "float16")
+    b = ir.BlockBuilder(grid=(2, 1, 1), forloop=kv // 64, threads=threads)
+    e = (b.input(Q, imap=(0, None, None)) @ b.input(K, imap=(0, None, None), fmap=2)).exp()
+    out = (e @ b.input(V, imap=(0, None, None), fmap=1)).acc_sum() / e.acc_sum_last()
+    return ir.KernelGraph(b.finish([(out, (0, None, None))]))
+
+
+def test_fp32_block_products_are_charged_as_the_three_bf16_tensor_core_products_codegen_emits():
+    half, single = (cost.estimate(packed_attention(qtype=t), "h200").kernels[0] for t in ("float16", "float32"))
+    qk = 2 * 2 * 64 * 1024 * 64
+    assert single.tc_flops - half.tc_flops == 2 * qk and single.simt_flops == half.simt_flops
+
+
+def test_fewer_warps_than_processing_blocks_leave_tensor_cores_idle():
+    """One warp per CTA: with one CTA on an SM a quarter of its tensor cores (4 processing blocks) work, with two
+    half (the CTAs the grid puts on the busiest SM, if it holds them)."""
+    t = get_target("h200")
+    assert t.sm_subpartitions == 4
+    s = cost.schedule(packed_attention(threads=32).nodes[-1].arg[0], "h200")
+    assert cost._lanes(s, t, per_sm=1, busiest=1) == 0.25
+    assert cost._lanes(s, t, per_sm=8, busiest=2) == 0.5 and cost._lanes(s, t, per_sm=4, busiest=4) == 1.0
+
+
+def test_a_compute_heavy_loop_on_few_blocks_splits_over_more_ctas_than_streaming_needs():
+    from mugraph.codegen.arch import get_arch
+    from mugraph.codegen.schedule import _loop_hbm_bytes, choose_splits, trip_flops
+    bg = packed_attention(q=256, kv=4096).nodes[-1].arg[0]
+    s, arch = cost.schedule(bg, "h200"), get_arch("sm_90")
+    args = (bg.num_blocks, bg.forloop, arch, s.state_bytes, s.stage_bytes, s.smem_bytes // s.stages)
+    streaming = choose_splits(*args)
+    assert s.splits == choose_splits(*args, trip_flops(bg), _loop_hbm_bytes(bg), 4) > streaming
+    assert trip_flops(bg) == 2 * (2 * 256 * 64 * 64)
+
+
+@pytest.mark.parametrize("name", ["gqa", "gqa_safe", "qknorm_gqa"])
+def test_the_attention_references_use_the_tiling_the_model_ranks_first(name):
+    """workloads.ATTENTION_TILING is what the model (h200, CUDA-graph launches) prefers among the one-launch
+    tilings (rows 16-128 per block, value columns whole / halved / quartered, 32-128 keys per trip) and the
+    two-launch FlashDecoding form: a reference that went stale would fail here."""
+    import itertools
+    from mugraph import workloads
+    w = workloads.get(name)
+    scores = workloads._qknorm_scores if name == "qknorm_gqa" else workloads._plain_scores
+    online = name == "gqa_safe"
+
+    def seconds(graph):
+        return cost.estimate(graph, "h200", cuda_graph=True).seconds
+    chosen = seconds(w.reference())
+    others = [seconds(workloads.split_kv_two_launches(w.shapes, scores, online))]
+    for rows, cols, keys in itertools.product((16, 32, 64, 128), (16, 32, 64), (32, 64, 128)):
+        graph = workloads.decode_attention(w.shapes, scores, online, workloads.DecodeTiling(rows, cols, keys))
+        if cost.fits(graph.nodes[-1].arg[0], "h200"):
+            others.append(seconds(graph))
+    assert chosen <= min(others)

@@ -14,8 +14,10 @@ from mugraph.ir import BOp, KNode, KOp, TOp
 from mugraph.ir.errors import VerificationError
 from mugraph.ir.ops import BINARY, TERNARY, UNARY
 from mugraph.verify import field_bound, finite_field as ff
-from mugraph.verify.field import (Q_MIN, Field, Permutation, exact_matmul, field_for_draw, join,
-                                  p_part, q_part, random_safe_prime)
+from mugraph.verify.field import (Q_MIN, SUM_CHUNK, Field, Permutation, exact_matmul,
+                                  field_for_draw, inverse_mod, is_bottom, join, mulmod, p_part,
+                                  powmod, q_part, random_safe_prime, shifted_sum_mod, sum_mod,
+                                  uniform_below)
 from mugraph.verify.field_semantics import (FF_ELEMENTWISE, UNINTERPRETED, FiniteFieldSemantics,
                                             ZeroDivisorDrawn)
 from mugraph.verify.finite_field import finite_field_test
@@ -68,7 +70,7 @@ def test_each_draw_is_a_random_safe_prime_in_range():
     assert len(set(primes)) == len(primes)
     for p, q in primes:
         assert _is_prime(p) and _is_prime(q) and p == 2 * q + 1
-        assert Q_MIN <= q < 2 * Q_MIN and p < 2 ** 31
+        assert Q_MIN <= q < 2 * Q_MIN and p < 2 ** 51
 
 
 def test_field_rejects_a_generator_of_the_wrong_order():
@@ -101,6 +103,55 @@ def test_matmul_matches_big_int_arithmetic_whichever_operand_is_split(shapes):
     a, b = rng.integers(p - 2 ** 20, p, shapes[0]), rng.integers(0, p, shapes[1])
     exact = (a.astype(object) @ b.astype(object)) % p
     assert (exact_matmul(a, b, p) == exact.astype(np.int64)).all()
+
+
+def _edge_residues(m: int, rng) -> np.ndarray:
+    """The residues where float64 quotient estimates are tightest, and random ones."""
+    edges = [0, 1, 2, m - 1, m - 2, m // 2, m // 2 + 1, (1 << 50) - 1, (1 << 26) - 1, 1 << 26]
+    return np.array([e % m for e in edges] + list(rng.integers(0, m, 200)), np.int64)
+
+
+def test_modular_products_powers_and_inverses_match_big_ints():
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        p, q = random_safe_prime(rng)
+        for m in (p, q):
+            a = _edge_residues(m, rng)
+            b = a[rng.permutation(len(a))]
+            assert mulmod(a, b, m).tolist() == [int(x) * int(y) % m for x, y in zip(a, b)]
+            assert powmod(a[:20], m - 3, m).tolist() == [pow(int(x), m - 3, m) for x in a[:20]]
+            for n in (5, 63, 64, 65, len(a)):               # Fermat, and the batch tree
+                inv = inverse_mod(a[:n], m)
+                assert inv.tolist() == [pow(int(x), -1, m) if x else 0 for x in a[:n]]
+
+
+def test_shifted_sums_of_limb_products_are_exact():
+    # one matmul chunk of K = 1024: 17-bit limbs of a times 26-bit limbs of w, summed over K
+    rng = np.random.default_rng(12)
+    p, _ = random_safe_prime(rng)
+    for a, w in ((np.full(1024, p - 1), np.full(1024, p - 1)),
+                 (rng.integers(0, p, 1024), rng.integers(p - 2 ** 30, p, 1024))):
+        limbs = [(a >> (17 * i)) & (2 ** 17 - 1) for i in range(3)]
+        wide = [w & (2 ** 26 - 1), w >> 26]
+        parts = [np.array([float(np.dot(li.astype(np.float64), wj.astype(np.float64)))])
+                 for wj in wide for li in limbs]
+        shifts = [17 * i + 26 * j for j in range(2) for i in range(3)]
+        expected = sum(int(x) * int(y) for x, y in zip(a, w)) % p
+        assert shifted_sum_mod(parts, shifts, p).tolist() == [expected]
+
+
+def test_long_sums_reduce_between_chunks():
+    p, _ = random_safe_prime(np.random.default_rng(13))
+    x = np.full((2, 3 * SUM_CHUNK + 7), p - 1, np.int64)
+    assert (sum_mod(x, 1, p) == x.shape[1] * (p - 1) % p).all()
+
+
+def test_hashes_map_exactly_uniformly_onto_the_field():
+    p, _ = random_safe_prime(np.random.default_rng(14))
+    top = np.array([2 ** 64 - 1, 2 ** 64 - 2, 0, p, 2 ** 63], np.uint64)   # the first two rehash
+    v = uniform_below(top, p)
+    assert ((0 <= v) & (v < p)).all() and v[2] == 0 and v[3] == 0
+    assert uniform_below(np.uint64(5), p).shape == ()
 
 
 def test_sums_and_products_are_exact_at_the_largest_residues():
@@ -137,13 +188,13 @@ def test_an_exp_has_no_exponent_image_and_bottom_absorbs():
     sem = _sem(2)
     a, b = _random(sem, (8, 16), 3), _random(sem, (16, 4), 4)
     e = _op(sem, TOp.EXP, a)
-    assert (e < 0).all() and (q_part(e) == 0).all()
-    assert (_op(sem, TOp.ADD, e, a) < 0).all() and not (_op(sem, TOp.ADD, a, a) < 0).any()
+    assert is_bottom(e).all() and (q_part(e) == -1).all()
+    assert is_bottom(_op(sem, TOp.ADD, e, a)).all() and not is_bottom(_op(sem, TOp.ADD, a, a)).any()
     mixed = a.copy()
     mixed[2, 5] = e[2, 5]                    # one element of row 2 depends on an exp
     out = sem.matmul(mixed, b, None)
-    assert (out[2] < 0).all() and not (np.delete(out, 2, axis=0) < 0).any()
-    assert (sem.reduce_sum(mixed, 1, None)[:, 0] < 0).tolist() == [r == 2 for r in range(8)]
+    assert is_bottom(out[2]).all() and not is_bottom(np.delete(out, 2, axis=0)).any()
+    assert is_bottom(sem.reduce_sum(mixed, 1, None)[:, 0]).tolist() == [r == 2 for r in range(8)]
 
 
 def test_an_exp_of_an_exp_sees_its_argument():
@@ -163,7 +214,7 @@ def test_a_zero_divisor_is_a_bad_draw_and_a_zero_image_is_bottom():
     with pytest.raises(ZeroDivisorDrawn):
         _op(sem, TOp.DIV, join(3, 3), join(0, 5))
     out = _op(sem, TOp.DIV, join(3, 3), join(5, 0))
-    assert out < 0 and p_part(out) == 3 * pow(5, -1, sem.field.p) % sem.field.p
+    assert is_bottom(out) and p_part(out) == 3 * pow(5, -1, sem.field.p) % sem.field.p
 
 
 def test_division_inverts_multiplication():
@@ -255,7 +306,7 @@ def _swapped(graph, op):
         c, a, b = node.srcs
         return ir.KernelGraph([KNode(op, (c, b, a), node.arg)])
     group = UNARY if op in UNARY else BINARY
-    other = min(group - {op, TOp.CLAMP}, key=lambda o: o.value)
+    other = min(group - {op, TOp.CLAMP, TOp.CAST}, key=lambda o: o.value)
     return ir.KernelGraph([KNode(other, node.srcs, None)])
 
 
@@ -306,7 +357,7 @@ def test_default_tests_meet_the_target_bound():
 
 def test_a_bound_that_cannot_reach_the_target_is_not_established():
     x, _ = _xy((1, 8))
-    spec = ir.KernelGraph([x ** 30000000.0])        # degree 3e7: one test bounds 3e7/2^29
+    spec = ir.KernelGraph([x ** 3e13])              # degree 3e13: one test bounds 3e13/2^49
     result = finite_field_test(spec, spec, seed=0, max_tests=3)
     assert result.passed and not result.established and result.error_bound > 2.0 ** -40
     assert "not established" in str(result)
@@ -314,7 +365,7 @@ def test_a_bound_that_cannot_reach_the_target_is_not_established():
 
 def test_a_degree_beyond_the_field_gives_bound_one():
     x, _ = _xy((1, 8))
-    spec = ir.KernelGraph([x ** float(2 ** 31)])
+    spec = ir.KernelGraph([x ** float(2 ** 51)])     # d >= q: no test bounds anything
     result = finite_field_test(spec, spec, seed=0, tests=2)
     assert result.passed and result.error_bound == 1.0 and not result.established
     assert finite_field_test(spec, spec, seed=0).tests == 3   # more tests would not help
@@ -396,13 +447,16 @@ def test_a_test_count_below_one_is_refused():
         finite_field_test(ir.KernelGraph([x]), ir.KernelGraph([x]), tests=0)
 
 
-@pytest.mark.parametrize("k", [64, 65, 2048, 2049])
+@pytest.mark.parametrize("k", [64, 65, 1024, 1025, 2049])
 def test_matmul_is_exact_where_limb_products_are_largest(k):
-    # residues whose limbs are all ones maximise every partial sum of every chunk
+    # residues whose limbs are all ones maximise every partial sum of every chunk: rows of the
+    # narrow operand with 17- or 21-bit limbs all ones below the top, the wide operand's two
+    # 26-bit limbs
     p, _ = random_safe_prime(np.random.default_rng(9))
-    a = np.full((3, k), p - 1, np.int64)
-    b = np.full((k, 2), (1 << 31) - 1 if (1 << 31) - 1 < p else p - 1, np.int64)
-    b = np.minimum(b, p - 1)
+    ones = [((p - 1) >> b << b) | ((1 << b) - 1) for b in (34, 42)]
+    wide = (((p - 1) >> 26) << 26) - 1
+    a = np.array([[v] * k for v in ones + [p - 1]], np.int64)   # fewer elements: narrow
+    b = np.full((k, 4), wide, np.int64)
     rng = np.random.default_rng(k)
     b[rng.integers(0, k, 5), 0] = rng.integers(0, p, 5)
     exact = (a.astype(object) @ b.astype(object)) % p

@@ -21,8 +21,8 @@ Why each step is sound:
     tensors and opaque functions, and the ranges of the output's index variables; a proof holds
     for every value of those and every value of the opaque reductions, so for the real ones.
 
-What is modelled: real arithmetic. Not modelled: rounding and storage dtypes (an fp16 output
-equals its real value), IEEE special values (inf/NaN arithmetic, 0 * inf), and division by zero
+What is modelled: real arithmetic, so "proved" says "proved in real arithmetic". Not modelled:
+rounding and storage dtypes (an fp16 output equals its real value, a CAST is the identity), IEEE special values (inf/NaN arithmetic, 0 * inf), and division by zero
 or arguments outside a function's domain (x / x is not simplified anyway). Those are the float
 test's job. An op without an index-level meaning makes the output "not proved"; an elementwise
 op without an abstract-expression entry is an uninterpreted function (sound, never proved equal
@@ -88,7 +88,7 @@ def prove_equivalent(spec: KernelGraph, candidate: KernelGraph, *, rlimit: int |
                for s, c in zip(spec.outputs, candidate.outputs)]
     proved = tuple(ok for ok, _, _ in results)
     method = "z3" if any(how == "z3" for _, how, _ in results) else "normaliser"
-    detail = "; ".join(f"{name}: {'proved' if ok else 'not proved'} ({why})"
+    detail = "; ".join(f"{name}: {'proved in real arithmetic' if ok else 'not proved'} ({why})"
                        for name, (ok, _, why) in zip(candidate.output_names, results))
     return ProofResult(all(proved), method, proved, time.perf_counter() - start, detail)
 

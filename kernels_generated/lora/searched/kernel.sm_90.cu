@@ -7,7 +7,7 @@
 //   sm2 [65536, 73728) input 2 tile [256, 16]
 //   sm0 [73728, 77824) input 0 tile [8, 256]
 //   sm3 [77824, 81920) input 3 tile [16, 128]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(const mg_half) p3, MG_PARAM(mg_half) p4) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(const mg_half) p3, MG_PARAM(mg_half) p4) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair

@@ -6,7 +6,7 @@ MG_DEVICE float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
 // mg_kernel0: grid (4, 2, 1) x 128 threads, forloop 1; 2112 bytes of dynamic shared memory
 //   sm0 [0, 2048) input 0 tile [16, 64]
 //   sm1 [2048, 2112) input 1 tile [16, 1]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const float) p1, MG_PARAM(mg_half) p2) {
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const float) p1, MG_PARAM(mg_half) p2) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x();
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 0);  // input 0 tile [16, 64]
