@@ -220,6 +220,7 @@ class BlockEnumerator:
         self.units = units(ctx.spec) if allowed else ()
         self._memo: dict = {}
         self._partials: dict = {}
+        self._structured: dict = {}
         self.spec_forms, self.inside_forms = spec_forms(ctx.spec)
         self.scales = structure_scales(ctx.spec)
         self.casts = operand_casts(ctx.spec)
@@ -473,8 +474,8 @@ class BlockEnumerator:
         return phase is Phase.LOOP and op in ELEMENTWISE and any(map(self._partial, srcs))
 
     def _stray(self, op, srcs, expr) -> bool:
-        """A single elementwise op must compute a value of the spec, or scale a value by one of
-        its constants (q / sqrt(d) before q @ k): the sub-expression test alone admits every
+        """A single elementwise op must compute a value of the spec, or scale a computed value by
+        one of its constants (a softmax scale on a score tile): the sub-expression test alone admits every
         term of an expanded polynomial (0.5 * y of gelu's 0.5 * y * (1 + tanh(...))), and the
         spec's values, or a thread unit of them, are all a fused kernel needs. Nor is a value
         built only inside an elementwise region made op by op, where a unit makes the region."""
@@ -484,7 +485,19 @@ class BlockEnumerator:
         if form in self.inside_forms:
             return True
         return form not in self.spec_forms and not (
-            _scaling(op, srcs) and _constant_of(srcs) in self.scales)
+            _scaling(op, srcs) and _constant_of(srcs) in self.scales
+            and any(map(self._after_structure, srcs)))
+
+    def _after_structure(self, node) -> bool:
+        """Whether `node` is computed from a matmul, reduction or accumulator result (a scale
+        on an input tile itself is never needed: a linear consumer takes it after the sum
+        (`_scaled_before_linear`), and the spec's own elementwise math is a thread unit)."""
+        found = self._structured.get(node)
+        if found is None:
+            found = node.op not in ELEMENTWISE and node.op not in (BOp.INPUT, BOp.CONSTANT) \
+                or node.op in ELEMENTWISE and any(map(self._after_structure, node.srcs))
+            self._structured[node] = found
+        return found
 
     def _loop_shape_ok(self, op, srcs, phase) -> bool:
         """With a loop, accumulate loop values (summing an invariant F times is a multiply);
@@ -496,12 +509,17 @@ class BlockEnumerator:
     def _scaled_before_linear(self, op, srcs) -> bool:
         """Canonical form for linear ops: scale after summing, never before.
 
-        sum(c * x) = c * sum(x) and (c * a) @ b = c * (a @ b) for a loop-invariant c; both
-        forms pass the expression check, so only the cheaper one (fewer multiplies) is built.
+        sum(c * x) = c * sum(x) and (c * a) @ b = c * (a @ b) for a loop-invariant c (and for
+        a scalar constant c, a reduction within the tile too); both forms pass the expression
+        check, so only the cheaper one (fewer multiplies) is built.
         """
-        if op not in (BOp.ACC_SUM, BOp.ACC_SUM_LAST, BOp.MATMUL):
+        if op not in (BOp.ACC_SUM, BOp.ACC_SUM_LAST, BOp.MATMUL, BOp.REDUCE_SUM):
             return False
         for s in (srcs if op is BOp.MATMUL else srcs[:1]):
+            if _scaling(s.op, s.srcs) and len([t for t in s.srcs if t.op is BOp.CONSTANT]) == 1:
+                return True
+            if op is BOp.REDUCE_SUM:
+                continue
             if s.op in (TOp.MUL, TOp.DIV) and self.state.phase[s.srcs[1]] is Phase.INVARIANT \
                     and self.state.phase[s.srcs[0]] is not Phase.INVARIANT:
                 return True
