@@ -69,6 +69,7 @@ class KernelIR:
     staged_inputs: list               # buffers written by the loop's cp.async issue (excluded from hazards)
     splits: int = 1                   # CTAs sharing one block's loop
     state_floats: int = 0             # partial state each of them publishes (floats)
+    split_state_floats: int = 0       # the partial state one CTA would publish were the loop split (any split)
 
     @property
     def trips(self) -> int:

@@ -165,7 +165,9 @@ class Lowering:
             self.lower(n)
         self.region = "epi"
         self.mats = {k: v for k, v in self.mats.items() if k[1] != "running"}
-        splits.combine_partials(self, [n for n in loop if n.op in ACCUMULATORS])
+        accs = [n for n in loop if n.op in ACCUMULATORS]
+        split_state = splits.state_floats(self, accs)
+        splits.combine_partials(self, accs)
         for n in loop:
             if n.op in ACCUMULATORS:
                 accumulators.finalise(self, n)
@@ -177,7 +179,7 @@ class Lowering:
         rest = [s for s in self.steps if s.region != "pro"]
         return KernelIR(self.name, self.g, self.params, self.buffers, pro + rest, self.kernel_decls,
                         self.acc_decls, self.loop_head, self.stages,
-                        bool(self.stage_bufs), self.stage_bufs, self.splits, self.state_floats)
+                        bool(self.stage_bufs), self.stage_bufs, self.splits, self.state_floats, split_state)
 
     def lower(self, node) -> None:
         op = node.op

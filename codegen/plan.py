@@ -9,7 +9,6 @@ launches only when a library op or a graph output needs them materialised.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from mugraph.codegen.arch import ArchSpec, get_arch
 from mugraph.codegen.lower import InputView, KernelIR, Lowering, OutputView, SmemBuffer
@@ -145,15 +144,19 @@ def _align(n: int, a: int) -> int:
 
 
 def plan_ir_smem(ir: KernelIR, arch: ArchSpec) -> SmemPlan:
-    spans = lifetimes(ir)
-    offsets = place_buffers(ir.buffers, spans, arch.smem_align)
+    return plan_buffers(ir.graph, ir.buffers, lifetimes(ir), arch)
+
+
+def plan_buffers(graph: BlockGraph, buffers: dict[str, SmemBuffer], spans: dict, arch: ArchSpec) -> SmemPlan:
+    """``buffers`` placed by their lifetimes ``spans``; ResourceError naming ``graph`` if they do not fit."""
+    offsets = place_buffers(buffers, spans, arch.smem_align)
     allocs = tuple(SmemAlloc(b.name, offsets[b.name], b.nbytes, b.role, b.what, *spans[b.name], b.layout,
-                             b.stages, b.ldmatrix) for b in sorted(ir.buffers.values(), key=lambda b: offsets[b.name]))
+                             b.stages, b.ldmatrix) for b in sorted(buffers.values(), key=lambda b: offsets[b.name]))
     total = max((a.end for a in allocs), default=0)
     total = _align(total, 16) if total else 0
     if total > arch.smem_limit:
         listing = "; ".join(f"{a.name} {a.what}: {a.nbytes} B" for a in sorted(allocs, key=lambda a: -a.nbytes))
-        raise ResourceError(f"block graph {ir.graph!r} needs {total} bytes of shared memory; {arch.name} allows "
+        raise ResourceError(f"block graph {graph!r} needs {total} bytes of shared memory; {arch.name} allows "
                             f"{arch.smem_limit} per block ({listing})",
                             hint="use smaller tiles: a larger grid or forloop splits each tile")
     return SmemPlan(arch.name, total, arch.smem_limit, allocs)
@@ -173,9 +176,8 @@ def lower_and_plan(bg: BlockGraph, arch: ArchSpec, name: str, views) -> tuple[Ke
     return ir, plan_ir_smem(ir, arch)
 
 
-@lru_cache(maxsize=4096)
 def lowered(bg: BlockGraph, arch: ArchSpec, stages: int, splits: int) -> tuple[KernelIR, SmemPlan]:
-    """``bg`` lowered with contiguous inputs and placed (memoised: the schedule and the cost model read it)."""
+    """``bg`` lowered with contiguous inputs and placed (what the schedule reads; it memoises its own result)."""
     ir = lower_block_graph(bg, arch, "kernel", default_views(bg), stages, splits)
     return ir, plan_ir_smem(ir, arch)
 

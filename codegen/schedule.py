@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from mugraph.codegen.arch import ArchSpec, get_arch
@@ -98,33 +98,88 @@ class KernelSchedule:
 
 def kernel_schedule(bg: BlockGraph, arch="sm_90") -> KernelSchedule:
     """The schedule codegen uses for ``bg`` on ``arch`` (memoised per interned block graph and arch);
-    ResourceError when not even two stages fit the arch's shared memory."""
+    ResourceError when not even two stages fit the arch's shared memory. One lowering measures it (two when the
+    loop is split): see ``_derived_at``."""
     return _schedule(bg, get_arch(arch))
 
 
 @lru_cache(maxsize=4096)
 def _schedule(bg: BlockGraph, arch: ArchSpec) -> KernelSchedule:
+    return plan_schedule(bg, arch, DERIVED)
+
+
+def full_schedule(bg: BlockGraph, arch="sm_90") -> KernelSchedule:
+    """The same schedule with every figure read off a full lowering at the stages and splits it weighs (three
+    lowerings, not memoised): the reference ``kernel_schedule`` is tested against."""
+    return plan_schedule(bg, get_arch(arch), FULL)
+
+
+def plan_schedule(bg: BlockGraph, arch: ArchSpec, measure) -> KernelSchedule:
+    """The module docstring's rules on the footprint of ``bg`` at one stage and one CTA per loop; ``measure``
+    (``DERIVED`` or ``FULL``) gives the partial state a split would publish and the figures at the chosen plan."""
     from mugraph.codegen.plan import lowered
+    state_of, figures_at = measure
     ir, plan = lowered(bg, arch, 1, 1)  # one buffer per tile: the footprint every deeper pipeline adds to
     stage_bytes = sum(ir.buffers[b].nbytes for b in ir.staged_inputs)
     invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
-    state = _state_bytes(bg, arch) if arch.split_loops else 0
+    state = state_of(bg, arch, ir) if arch.split_loops else 0
     splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes,
                            trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32)
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
-    ir, plan = lowered(bg, arch, stages, splits)
-    return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, ir.stages, stage_bytes, invariant,
-                          plan.total_bytes, 4 * ir.state_floats, _registers(ir))
+    stages, smem, state, regs = figures_at(bg, arch, ir, plan, stages, splits)
+    return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, stages, stage_bytes, invariant,
+                          smem, state, regs)
 
 
-def _state_bytes(bg: BlockGraph, arch: ArchSpec) -> int:
-    """The partial state one CTA would publish if the loop were split (a split by the smallest divisor of the
-    loop measures it: the state does not depend on the split)."""
+def _derived_state(bg: BlockGraph, arch: ArchSpec, one) -> int:
+    """The partial state a split CTA publishes, as the unsplit lowering records it (it does not depend on the
+    split)."""
+    return 4 * one.split_state_floats
+
+
+def _derived_at(bg: BlockGraph, arch: ArchSpec, one, plan, stages: int, splits: int) -> tuple:
+    """(stages, shared memory, partial state, registers) at the chosen plan from the one-stage lowering (of the
+    split loop when it is split): stages change nothing but the pipeline's buffers (``_smem_at``)."""
+    if splits > 1:
+        from mugraph.codegen.plan import lowered
+        one, plan = lowered(bg, arch, 1, splits)
+    stages = max(1, min(stages, one.trips))  # as the lowering clamps them
+    return stages, _smem_at(one, plan, arch, stages), 4 * one.state_floats, _registers(one)
+
+
+def _smem_at(ir, plan, arch: ArchSpec, stages: int) -> int:
+    """The planner's shared memory for ``ir`` (lowered at one stage, placed by ``plan``) lowered at ``stages``.
+
+    More stages change only the pipeline (``copies``): each loop-walked tile's buffer holds ``stages`` tiles, and
+    the prologue's later stage copies and the loop's prefetch are steps next to steps the staged buffers already
+    live through, writing no other buffer and declaring no register. So every buffer keeps the lifetimes,
+    relative to the others, it has at one stage, and placing the larger staged buffers by those lifetimes is the
+    plan the full lowering gets (tests/codegen/test_schedule_plan.py checks it against that lowering)."""
+    if stages == ir.stages:
+        return plan.total_bytes
+    from mugraph.codegen.plan import lifetimes, plan_buffers
+    buffers = {name: replace(b, nbytes=b.nbytes * stages, stages=stages, what=f"{b.what} x {stages} stages")
+               if name in ir.staged_inputs else b for name, b in ir.buffers.items()}
+    return plan_buffers(ir.graph, buffers, lifetimes(ir), arch).total_bytes
+
+
+def _full_state(bg: BlockGraph, arch: ArchSpec, one) -> int:
+    """The partial state of the loop lowered split by its smallest divisor."""
     divisors = [d for d in range(2, bg.forloop + 1) if bg.forloop % d == 0]
     if not divisors:
         return 0
     from mugraph.codegen.plan import lowered
     return 4 * lowered(bg, arch, 1, divisors[0])[0].state_floats
+
+
+def _full_at(bg: BlockGraph, arch: ArchSpec, one, plan, stages: int, splits: int) -> tuple:
+    from mugraph.codegen.plan import lowered
+    ir, plan = lowered(bg, arch, stages, splits)
+    return ir.stages, plan.total_bytes, 4 * ir.state_floats, _registers(ir)
+
+
+DERIVED = (_derived_state, _derived_at)   # what kernel_schedule measures with
+FULL = (_full_state, _full_at)            # the full lowering at every plan weighed
 
 
 def trip_flops(bg: BlockGraph) -> int:

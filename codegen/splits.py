@@ -46,6 +46,12 @@ def combine_partials(lw: Lowering, accs: list) -> None:
     _combine(lw, entries)
 
 
+def state_floats(lw: Lowering, accs: list) -> int:
+    """Floats of the partial state one CTA publishes when the loop is split, whatever the split (so the schedule
+    can weigh splits from the lowering of an unsplit loop)."""
+    return _layout(lw, accs)[1] if accs else 0
+
+
 def _layout(lw: Lowering, accs: list) -> tuple[list, int]:
     """(acc, offset, floats per image, where its running max is) of each accumulator in one CTA's partial state,
     and the state's size. A rescaling accumulator's running max is the image of the running-max accumulator

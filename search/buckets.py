@@ -65,7 +65,7 @@ def resize_winner(old_spec, old_graph, new_spec, target: str, seed: int = 0) -> 
     """`old_graph` (a winner for `old_spec`) sized for `new_spec` by the cost model and checked
     against it (the full check a search gives its winner); None when the specs are not the same
     program up to shapes, when no sizing fits, or when no sizing passes."""
-    from mugraph.search.cost import estimate, fits
+    from mugraph.search.cost import estimate, estimate_floor, fits
     from mugraph.search.sizing import size_structure
     from mugraph.verify import check, quick_equivalent
     start = time.perf_counter()
@@ -73,7 +73,7 @@ def resize_winner(old_spec, old_graph, new_spec, target: str, seed: int = 0) -> 
         return None
     constants = derived_constants(old_spec, new_spec)
     sized = size_structure(old_graph, list(new_spec.inputs), constants, target, estimate,
-                           lambda g: fits(g, target)) if old_graph.custom_ops() else \
+                           lambda g: fits(g, target), estimate_floor) if old_graph.custom_ops() else \
         _library_only(old_graph, new_spec, target)
     for est, graph in sized:
         if quick_equivalent(new_spec, graph, seed=seed):

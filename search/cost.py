@@ -485,9 +485,9 @@ def _split_tail(s: KernelSchedule, t: Target) -> float:
     return t.hbm_latency_s + s.splits * s.state_bytes / t.sm_load_bandwidth
 
 
-def _kernels(graph: KernelGraph, t: Target, launch: float) -> list[KernelEstimate]:
-    out, seen_custom = [], {}
-    outputs = set(graph.outputs)
+def _launches(graph: KernelGraph):
+    """(name, node, custom?) of every kernel `graph` launches, in launch order."""
+    seen_custom, outputs = {}, set(graph.outputs)
     for i, node in enumerate(graph.nodes):
         op = node.op
         if op in KERNEL_LEAF or op is KOp.RESHAPE:
@@ -496,12 +496,29 @@ def _kernels(graph: KernelGraph, t: Target, launch: float) -> list[KernelEstimat
             key = (node.arg[0], node.srcs)
             if key not in seen_custom:
                 seen_custom[key] = name = f"k{len(seen_custom)}"
-                out.append(_custom_kernel(name, node.arg[0], node.srcs, t, launch))
+                yield name, node, True
             continue
         if op in KERNEL_LAYOUT and node not in outputs:
             continue   # a view: its consumer loads through it
-        out.append(_library_kernel(f"%{i} {op.value}", node, t, launch))
-    return out
+        yield f"%{i} {op.value}", node, False
+
+
+def _kernels(graph: KernelGraph, t: Target, launch: float) -> list[KernelEstimate]:
+    return [_custom_kernel(name, node.arg[0], node.srcs, t, launch) if custom else
+            _library_kernel(name, node, t, launch) for name, node, custom in _launches(graph)]
+
+
+def _custom_floor(bg: BlockGraph, srcs, t: Target, launch: float) -> float:
+    """At most `_custom_kernel`'s seconds for `bg` whatever its schedule, computed without one: each input's HBM
+    bytes at least the smaller of its traffic and its unique bytes, no partial states, the streaming rate at most
+    BW, the busiest SM at least an even share, utilisation and lanes at most 1, one wave, no split tail. Each
+    term is the formula's with an operand moved the way that cannot raise it, and IEEE operations are monotone,
+    so the bound holds as computed, not only in exact arithmetic."""
+    c = block_cost(bg)
+    hbm = sum(min(r.traffic, _unique_bytes(s)) for r, s in zip(c.reads, srcs)) + c.write_bytes
+    memory = max(hbm / _bandwidth(t), c.traffic / t.l2_bandwidth, c.traffic / t.sm_count / t.sm_load_bandwidth)
+    compute = c.tc_flops / t.mma_sync_flops + c.simt_flops / t.simt_flops
+    return max(memory, compute) + t.hbm_latency_s + launch
 
 
 # ---- the public entry points ---------------------------------------------------------------------
@@ -519,6 +536,16 @@ def estimate(graph: KernelGraph, target="h100", *, cuda_graph: bool = False) -> 
     if key not in per_graph:
         per_graph[key] = _estimate(graph, t, t.graph_launch_s if cuda_graph else t.launch_s)
     return per_graph[key]
+
+
+def estimate_floor(graph: KernelGraph, target="h100", *, cuda_graph: bool = False) -> float:
+    """A lower bound on `estimate(graph, target).seconds` that needs no launch plan (so no lowering): library
+    kernels as estimated, custom kernels by `_custom_floor`. The search's sizing skips the options whose floor
+    cannot beat the ones it keeps; it holds for graphs that do not fit the target too."""
+    t = get_target(target)
+    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    return sum(_custom_floor(node.arg[0], node.srcs, t, launch) if custom else
+               _library_kernel(name, node, t, launch).seconds for name, node, custom in _launches(graph))
 
 
 def _estimate(graph: KernelGraph, t: Target, launch: float) -> Estimate:

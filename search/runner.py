@@ -159,10 +159,10 @@ class _Ranking:
     """Verified structures, sized for the real shapes as they are found: the best so far."""
 
     def __init__(self, spec, constants, config, indexed=None, leaves=None):
-        from mugraph.search.cost import estimate, fits
+        from mugraph.search.cost import estimate, estimate_floor, fits
         self.spec, self.constants, self.config = spec, constants, config
         self.indexed, self.leaves = indexed or spec, leaves or {}
-        self.estimate, self.fits = estimate, fits
+        self.estimate, self.fits, self.floor = estimate, fits, estimate_floor
         self.candidates: list[Candidate] = []
         self.started = time.monotonic()
         self.first_found: dict = {}
@@ -184,7 +184,7 @@ class _Ranking:
         from mugraph.search.sizing import size_structure
         target = self.config.target
         sized = size_structure(structure, list(self.indexed.inputs), self.constants, target,
-                               self.estimate, self._fits, bound=self.best_seconds)
+                               self.estimate, self._fits, self.floor)
         if sized:
             est, graph = sized[0]
             if self.leaves:

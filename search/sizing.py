@@ -4,7 +4,8 @@ Each grid axis keeps the dims it splits and the loop keeps its dims; only extent
 every custom op in program order the options are the extents that give power-of-two tiles (or
 the tile the reduced structure had when it was a single element of a composite dim); options
 that do not fit the target are dropped, and the cost model ranks the rest. A small beam keeps
-the best few choices of each kernel while later kernels are sized.
+the best few choices of each kernel while later kernels are sized; options whose cost floor
+(`cost.estimate_floor`, no lowering) is above the beam's worst estimate are never lowered.
 """
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import itertools
 import math
 
 from mugraph.ir import KernelGraph
-from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import KOp
-from mugraph.search.instantiate import resize, resize_block
+from mugraph.search.instantiate import resize
 
 TILES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BEAM = 4
@@ -69,39 +69,17 @@ def block_options(g, srcs) -> list[tuple]:
     return out
 
 
-def size_structure(structure: KernelGraph, inputs, constants, target, estimate, fits,
-                   bound: float | None = None):
+def size_structure(structure: KernelGraph, inputs, constants, target, estimate, fits, floor=None):
     """Sized versions of `structure` over real `inputs`, best estimate first: [(Estimate, graph)].
 
-    With a `bound` (the best estimate so far), the structure is first sized over its QUICK most
-    balanced options per kernel (tiles nearest 64), and over every option only if that comes
-    within SLACK of the bound: each option costs a lowering by codegen, and most structures
-    a search finds are variants far from the best.
-    """
-    if bound is not None:
-        quick = _size(structure, inputs, constants, target, estimate, fits, QUICK)
-        if not quick or quick[0][0].seconds > SLACK * bound:
-            return quick
-    return _size(structure, inputs, constants, target, estimate, fits, None)
-
-
-QUICK = 4
-SLACK = 1.1
-
-
-def _size(structure, inputs, constants, target, estimate, fits, limit):
+    `floor(graph, target)`, when given, is a lower bound on `estimate(graph, target).seconds` that is cheap
+    next to `fits` and `estimate` (which lower every kernel): options are then weighed cheapest floor first,
+    and those whose floor is above the beam's worst estimate are never checked or estimated. The beam is the
+    one weighing every option gives."""
     partial = [dict()]
     for key in structure.custom_ops():
-        sub = _subgraph(structure, key)
-        scored = []
-        for choice in partial:
-            for opt in _feasible(key, structure, inputs, choice, constants, fits, limit):
-                trial = choice | {key: opt}
-                graph = _build(sub, inputs, trial, constants)
-                if graph is not None:
-                    scored.append((estimate(graph, target).seconds, len(scored), trial))
-        scored.sort(key=lambda s: s[:2])
-        partial = [s[2] for s in scored[:BEAM]]
+        trials = _trials(key, structure, inputs, partial, constants)
+        partial = [trial for _, _, trial in _beam(trials, target, estimate, fits, floor)]
         if not partial:
             return []
     results = []
@@ -113,43 +91,38 @@ def _size(structure, inputs, constants, target, estimate, fits, limit):
     return results
 
 
+def _trials(key, structure, inputs, partial, constants) -> list[tuple]:
+    """(sizes, the sub-graph up to this custom op built with them) for every option of every choice so far."""
+    sub = _subgraph(structure, key)
+    out = []
+    for choice in partial:
+        srcs = _sources_of(structure, inputs, choice, constants, key)
+        for opt in block_options(key[0], srcs) if srcs is not None else ():
+            trial = choice | {key: opt}
+            graph = _build(sub, inputs, trial, constants)
+            if graph is not None:
+                out.append((trial, graph))
+    return out
+
+
+def _beam(trials, target, estimate, fits, floor) -> list[tuple]:
+    """The BEAM best trials that fit, as (seconds, index, trial), ranked by estimate then enumeration order."""
+    bounds = [floor(graph, target) for _, graph in trials] if floor else [0.0] * len(trials)
+    kept: list[tuple] = []
+    for i in sorted(range(len(trials)), key=lambda i: bounds[i]):
+        if floor and len(kept) >= BEAM and bounds[i] > kept[BEAM - 1][0]:
+            break  # this floor and every later one are above the beam's worst: none can enter it
+        trial, graph = trials[i]
+        if fits(graph.outputs[0].arg[0]):  # the sub-graph's outputs are this custom op's
+            kept.append((estimate(graph, target).seconds, i, trial))
+            kept.sort(key=lambda s: s[:2])
+    return kept[:BEAM]
+
+
 def _subgraph(structure: KernelGraph, key) -> KernelGraph:
     """The part of `structure` up to one custom op: its outputs, over the same inputs."""
     outs = [n for n in structure.nodes if n.op is KOp.CUSTOM and (n.arg[0], n.srcs) == key]
     return KernelGraph(outs, structure.inputs)
-
-
-def _feasible(key, structure, inputs, choice, constants, fits, limit=None):
-    """Options for one custom op given the sizes already chosen upstream (the `limit` most
-    balanced ones, if given)."""
-    bg = key[0]
-    new_srcs = _sources_of(structure, inputs, choice, constants, key)
-    if new_srcs is None:
-        return []
-    options = block_options(bg, new_srcs)
-    if limit is not None:
-        options = sorted(options, key=lambda o: _imbalance(bg, new_srcs, *o))[:limit]
-    out = []
-    for grid, F in options:
-        try:
-            g = resize_block(bg, new_srcs, grid, F, constants)
-        except InvalidGraph:
-            continue
-        if fits(g):
-            out.append((grid, F))
-    return out
-
-
-def _imbalance(g, srcs, grid, F) -> float:
-    """How far the tiles an option cuts are from 64 along the dims it splits (log scale)."""
-    total = 0.0
-    for n, src in zip(g.inputs, srcs):
-        for d, extent in enumerate(src.shape):
-            parts = [grid[a] for a in range(3) if n.arg.imap[a] == d] + \
-                ([F] if n.arg.fmap == d else [])
-            if parts:
-                total += abs(math.log2(max(1, extent // math.prod(parts))) - 6)
-    return total
 
 
 def _build(structure, inputs, choice, constants):
