@@ -264,8 +264,12 @@ class BlockEnumerator:
             st.pop()
 
     def _promise(self, admitted) -> tuple:
-        """Children that build more of the target first (a larger expression), then in order."""
-        return (-self.ctx.pruner.size(admitted[1]), admitted[4])
+        """Children that compute a value the spec computes first, then those that build more of
+        the target (a larger expression), then in order. The expression test is index-free (it
+        takes sum(x * x) for x * sum(x)), so it admits values no program computes; trying the
+        spec's own values first reaches the kernels made of them before that space."""
+        form = N.normalize(admitted[1])
+        return (form not in self.spec_forms, -self.ctx.pruner.size(admitted[1]), admitted[4])
 
     def _can_finish(self) -> bool:
         """Can the ops left still turn this body into at most `max_outputs` written values?
@@ -511,14 +515,15 @@ class BlockEnumerator:
 
         sum(c * x) = c * sum(x) and (c * a) @ b = c * (a @ b) for a loop-invariant c (and for
         a scalar constant c, a reduction within the tile too); both forms pass the expression
-        check, so only the cheaper one (fewer multiplies) is built.
+        check, so only the cheaper one (fewer multiplies) is built, unless the spec scales the
+        tensor first (`_spec_scales_first`): for a tensor scale the two differ on inf and NaN.
         """
         if op not in (BOp.ACC_SUM, BOp.ACC_SUM_LAST, BOp.MATMUL, BOp.REDUCE_SUM):
             return False
         for s in (srcs if op is BOp.MATMUL else srcs[:1]):
             if _scaling(s.op, s.srcs) and len([t for t in s.srcs if t.op is BOp.CONSTANT]) == 1:
                 return True
-            if op is BOp.REDUCE_SUM:
+            if op is BOp.REDUCE_SUM or self._spec_scales_first(s):
                 continue
             if s.op in (TOp.MUL, TOp.DIV) and self.state.phase[s.srcs[1]] is Phase.INVARIANT \
                     and self.state.phase[s.srcs[0]] is not Phase.INVARIANT:
@@ -527,6 +532,13 @@ class BlockEnumerator:
                     and self.state.phase[s.srcs[1]] is not Phase.INVARIANT:
                 return True
         return False
+
+    def _spec_scales_first(self, product) -> bool:
+        """Whether the spec itself computes this scaled tile (x * s[:, None] before its matmul).
+        Then scaling first is the program's own order, and the only one IEEE special values
+        allow: with s = inf, (s * x) @ w sums inf - inf into NaN where s * (x @ w) is +-inf, so
+        moving a tensor scale past the sum is not an equivalence the float test accepts."""
+        return N.normalize(self.state.exprs[product]) in self.spec_forms
 
     # ---- closing the block -----------------------------------------------------------------------
     def _close(self):

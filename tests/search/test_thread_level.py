@@ -126,7 +126,8 @@ def test_long_elementwise_chain_is_one_thread_op_not_thirty_block_ops():
                                        budget_states=5_000), **QUIET)
     (bg, _), = result.best.custom_ops()
     threads = [n for n in bg.nodes if n.op is BOp.THREAD]
-    assert len(threads) == 1 and len(ops_of(threads[0].arg)) == 30
+    # 30 ops traced; the first round's scale is x * 1.0, an identity the front end drops
+    assert len(threads) == 1 and len(ops_of(threads[0].arg)) == 29
     assert [n.op for n in bg.nodes if n.op not in (BOp.INPUT, BOp.THREAD)] == [BOp.ACC_SUM]
 
 
