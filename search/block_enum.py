@@ -534,11 +534,13 @@ class BlockEnumerator:
         return False
 
     def _spec_scales_first(self, product) -> bool:
-        """Whether the spec itself computes this scaled tile (x * s[:, None] before its matmul).
+        """Whether the spec itself computes this scaled tile of inputs (x * s[:, None] before its
+        matmul; a scaled partial sum is never the program's, though index-free forms match it).
         Then scaling first is the program's own order, and the only one IEEE special values
         allow: with s = inf, (s * x) @ w sums inf - inf into NaN where s * (x @ w) is +-inf, so
         moving a tensor scale past the sum is not an equivalence the float test accepts."""
-        return N.normalize(self.state.exprs[product]) in self.spec_forms
+        return not self._after_structure(product) and \
+            N.normalize(self.state.exprs[product]) in self.spec_forms
 
     # ---- closing the block -----------------------------------------------------------------------
     def _close(self):

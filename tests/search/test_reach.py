@@ -94,6 +94,14 @@ def test_program_becomes_one_verified_kernel_that_runs_on_the_harness(found, nam
     assert max_rel_error(run_bundled(modules[name], cpu, arrays), want) < 1e-2
 
 
+def test_a_row_scale_stays_where_the_program_applies_it(found):
+    """(x * s[:, None]) @ w: with s = inf the program sums inf - inf into NaN where the factored
+    s * (x @ w) gives inf, so neither the search nor the simplifier may move the scale past the
+    sum; the winner agrees with the program on special values at every seed."""
+    spec, result = found[0]["row_scale_matmul"]
+    assert all(check(spec, result.best, seed=k).equivalent for k in range(6))
+
+
 def test_a_transposed_operand_is_read_through_a_view_not_copied(found):
     best = found[0]["transposed_weight_relu"][1].best
     (bg, srcs), = best.custom_ops()
