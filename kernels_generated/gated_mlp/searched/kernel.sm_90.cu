@@ -94,7 +94,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     // matmul[8, 64] on tensor cores
     for (int bi = 0; bi < 1; ++bi) {
       const mg_half* const a_ = sm0c;
-      const mg_half* const bb_ = sm2c;
+      const mg_half* const bb_ = sm1c;
       #pragma unroll
       for (int ks = 0; ks < 16; ++ks) {
         unsigned a[1][4], b[2][2];
@@ -113,7 +113,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     // matmul[8, 64] on tensor cores
     for (int bi = 0; bi < 1; ++bi) {
       const mg_half* const a_ = sm0c;
-      const mg_half* const bb_ = sm1c;
+      const mg_half* const bb_ = sm2c;
       #pragma unroll
       for (int ks = 0; ks < 16; ++ks) {
         unsigned a[1][4], b[2][2];
@@ -132,24 +132,14 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   }
   mg_cp_async_wait_group<0>();  // the last (empty) prefetches land before buffers are reused
   float v0[1][1][2][4];
-  // silu[8, 64] in registers
+  // thread[8, 64] in registers
   for (int bi = 0; bi < 1; ++bi)
   for (int mi = 0; mi < 1; ++mi)
 #pragma unroll
   for (int ni = 0; ni < 2; ++ni)
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    v0[bi][mi][ni][q] = mg_silu(acc1[bi][mi][ni][q]);
-  }
-  float v1[1][1][2][4];
-  // mul[8, 64] in registers
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    v1[bi][mi][ni][q] = (acc0[bi][mi][ni][q] * v0[bi][mi][ni][q]);
+    v0[bi][mi][ni][q] = [](float a0, float a1) { const float t0 = mg_silu(a0); const float t1 = (t0 * a1); return t1; }(acc0[bi][mi][ni][q], acc1[bi][mi][ni][q]);
   }
   // store output 0 (f16[8, 4096])
   for (int bi = 0; bi < 1; ++bi)
@@ -159,6 +149,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r_ = f0m + mi * 16 + g_ + h * 8, c_ = f0n + ni * 8 + t4_ * 2;
-    if (r_ < 8) mg_st32(&p3[p3o + r_ * 4096 + c_], mg_pack2(mg_f2h(v1[bi][mi][ni][2 * h]), mg_f2h(v1[bi][mi][ni][2 * h + 1])));
+    if (r_ < 8) mg_st32(&p3[p3o + r_ * 4096 + c_], mg_pack2(mg_f2h(v0[bi][mi][ni][2 * h]), mg_f2h(v0[bi][mi][ni][2 * h + 1])));
   }
 }
