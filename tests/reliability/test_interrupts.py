@@ -112,7 +112,9 @@ def test_an_unheeded_stop_becomes_a_keyboard_interrupt_that_a_gc_callback_cannot
                     garbage.clear()                       # of the time
     finally:
         gc.callbacks.remove(callback)
-    assert time.monotonic() - start < 0.2 + interrupt.ESCALATE_AFTER + 20 * interrupt.RETRY_EVERY
+    # each retry lands in the callback about half the time, more on a loaded machine; the bound
+    # (well under the loop's 10 s) only says it was not swallowed for good
+    assert time.monotonic() - start < 0.2 + interrupt.ESCALATE_AFTER + 50 * interrupt.RETRY_EVERY
     assert not swallowed, "a KeyboardInterrupt was raised inside the GC callback and lost"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
