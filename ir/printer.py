@@ -110,11 +110,15 @@ def format_block_graph(g: BlockGraph, src_names=None) -> str:
     for n in (n for n in nodes if phase[n] is Phase.INVARIANT):
         emit(n, "    ")
     accs = [n for n in nodes if phase[n] is Phase.ACCUMULATOR]
-    if accs:
-        lines.append("    " + "; ".join(f"{names[a]} = {_init(a)}" for a in accs))
-    lines.append(f"    for i in range({g.forloop}):")
+    body = "      "
+    if g.forloop == 1:
+        body = "    "   # one iteration: no loop to print; an accumulator holds its one value
+    else:
+        if accs:
+            lines.append("    " + "; ".join(f"{names[a]} = {_init(a)}" for a in accs))
+        lines.append(f"    for i in range({g.forloop}):")
     for n in (n for n in nodes if phase[n] in (Phase.LOOP, Phase.ACCUMULATOR)):
-        emit(n, "      ")
+        emit(n, body)
     for n in (n for n in nodes if phase[n] is Phase.EPILOGUE):
         emit(n, "    ")
     for i, out in enumerate(g.outputs):
