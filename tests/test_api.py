@@ -47,7 +47,7 @@ def test_kernel_has_tensor_core_cuda_and_a_picture(kernel, capsys):
     source = kernel.cuda_source
     assert '#include "tc_intrin.cuh"' in source and "mg_mma_m16n8k16" in source
     text = kernel.show()
-    assert "for i in range" in text and "estimated speedup" in text
+    assert "in grid(" in text and "estimated speedup" in text   # the loop nest and the report
     assert "block graph" in capsys.readouterr().out
 
 
