@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from mugraph.codegen import render as R
 from mugraph.codegen.arch import get_arch
-from mugraph.codegen.lower import InputView, KernelIR, OutputView, Step
+from mugraph.codegen.lower import KernelIR, OutputView, Step
 from mugraph.codegen.plan import Buffer, GraphPlanner, LaunchPlan, SmemPlan, lower_and_plan, param_ctype
 from mugraph.codegen.schedule import kernel_schedule
 from mugraph.ir.dtypes import DType

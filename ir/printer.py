@@ -110,15 +110,13 @@ def format_block_graph(g: BlockGraph, src_names=None) -> str:
     for n in (n for n in nodes if phase[n] is Phase.INVARIANT):
         emit(n, "    ")
     accs = [n for n in nodes if phase[n] is Phase.ACCUMULATOR]
-    body = "      "
-    if g.forloop == 1:
-        body = "    "   # one iteration: no loop to print; an accumulator holds its one value
-    else:
-        if accs:
-            lines.append("    " + "; ".join(f"{names[a]} = {_init(a)}" for a in accs))
+    looped = g.forloop > 1     # one iteration prints no loop: an accumulator holds its one value
+    if looped and accs:
+        lines.append("    " + "; ".join(f"{names[a]} = {_init(a)}" for a in accs))
+    if looped:
         lines.append(f"    for i in range({g.forloop}):")
     for n in (n for n in nodes if phase[n] in (Phase.LOOP, Phase.ACCUMULATOR)):
-        emit(n, body)
+        emit(n, "      " if looped else "    ")
     for n in (n for n in nodes if phase[n] is Phase.EPILOGUE):
         emit(n, "    ")
     for i, out in enumerate(g.outputs):

@@ -178,7 +178,6 @@ def _prepare_out(folder: str):
 
 def _write_result(result, folder: str, config) -> None:
     """The winner as graph JSON, its CUDA for the target's arch, and the report."""
-    from pathlib import Path
     from mugraph import ir
     from mugraph.codegen import generate_cuda
     from mugraph.search.targets import get_target

@@ -329,7 +329,8 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
             continue
         counters.verified += 1
         simpler, fired = simplify(graph)
-        if fired and simpler not in seen and passes(simpler) and _ieee_alike(problem, simpler):
+        if fired and simpler not in seen and passes(simpler) \
+                and _ieee_alike(problem, simpler, ranking.crashes):
             seen.add(simpler)
             ranking.simplified += 1
             graph = simpler
@@ -340,7 +341,7 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
 SIMPLIFY_SEEDS = 3
 
 
-def _ieee_alike(problem, graph) -> bool:
+def _ieee_alike(problem, graph, crashes: list) -> bool:
     """A rewrite the normaliser proposes holds in real arithmetic, which the finite-field test
     checks; moving a tensor factor past a sum does not hold for inf and NaN ((s * x) @ w is NaN
     where s * (x @ w) is inf). So a simplified graph must also pass the float test's special-value
@@ -351,7 +352,8 @@ def _ieee_alike(problem, graph) -> bool:
     try:
         return all(float_diff(problem.reduced, graph, seed=seed + k, modes=("float64",)).passed
                    for k in range(SIMPLIFY_SEEDS))
-    except Exception:      # a rewrite the float test cannot run is not kept
+    except Exception as e:   # a rewrite the float test cannot run is not kept, and is reported
+        crashes.append(f"{type(e).__name__}: {e}"[:300])
         return False
 
 

@@ -15,7 +15,7 @@ acc_rms_last keeps a square root of its sum, which partials cannot add: such a k
 """
 from __future__ import annotations
 
-from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, KernelGraph, KNode, Phase
+from mugraph.ir import BlockGraph, BlockInput, BlockOutput, BNode, DType, KernelGraph, Phase
 from mugraph.ir.block import custom
 from mugraph.ir.errors import MugraphError
 from mugraph.ir.ops import (ACCUMULATORS, BOp, KOp, LAST_DIM_ACCUMULATORS, RESCALE_ACCUMULATORS,
