@@ -28,6 +28,7 @@ TARGET = "mugraph_launch"             # plans without workspace: command-buffer 
 WORKSPACE_TARGET = "mugraph_launch_ws"  # plans with workspace: XLA's scratch allocator, per call
 TARGETS = {TARGET: ("MugraphInitialize", "MugraphLaunch"),
            WORKSPACE_TARGET: ("MugraphInitializeWorkspace", "MugraphLaunchWorkspace")}
+EVENT_TARGET = "mugraph_record_event"   # a timing mark on XLA's stream (bench/gpu.py)
 SOURCE = Path(__file__).resolve().parent / "ffi" / "mugraph_launch.cc"
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wno-return-type")
 _LOCK = threading.Lock()
@@ -69,7 +70,8 @@ def _loads(so: Path) -> bool:
         return False
     try:
         lib = ctypes.CDLL(str(so))
-        for symbol in (*(name for pair in TARGETS.values() for name in pair), "mg_find_module"):
+        for symbol in (*(name for pair in TARGETS.values() for name in pair), "MugraphRecordEvent",
+                       "mg_find_module"):
             getattr(lib, symbol)
         return True
     except (OSError, AttributeError):
@@ -96,6 +98,7 @@ def handler_library() -> ctypes.CDLL:
         jax.ffi.register_ffi_target(target, {"initialize": jax.ffi.pycapsule(getattr(lib, initialize)),
                                              "execute": jax.ffi.pycapsule(getattr(lib, execute))},
                                     platform="CUDA")
+    jax.ffi.register_ffi_target(EVENT_TARGET, jax.ffi.pycapsule(lib.MugraphRecordEvent), platform="CUDA")
     return lib
 
 
@@ -238,3 +241,30 @@ def param_slots(step) -> tuple[np.ndarray, np.ndarray]:
     slots.update({b.name: (WORKSPACE, i) for i, b in enumerate(step.workspace)})
     pairs = [slots[a] for a in step.launch.args]
     return (np.asarray([k for k, _ in pairs], np.int64), np.asarray([i for _, i in pairs], np.int64))
+
+
+# ---- timing marks ----------------------------------------------------------------------------------------
+def record_event(event: int, *arrays):
+    """`arrays` unchanged, after recording the CUDA event `event` (a CUevent handle, e.g. a CuPy
+    Event's `.ptr`, in the context XLA uses) on XLA's stream when they are ready: the results alias
+    the operands, so no data moves. `record_event(start, *fn(*record_event(end...)))`-style
+    brackets time exactly the device work of the program between them."""
+    if not arrays:
+        raise InvalidInput("record_event needs at least one array to order the mark against")
+    handler_library()
+    results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    call = jax.ffi.ffi_call(EVENT_TARGET, results, vmap_method="sequential",
+                            input_output_aliases={i: i for i in range(len(arrays))})
+    return tuple(call(*arrays, event=np.int64(event)))
+
+
+def bracketed(fn, start_event: int, end_event: int):
+    """`fn` (arrays -> array or tuple of arrays) with `start_event` recorded once its inputs are
+    ready and `end_event` once its outputs are: under `jax.jit` the two events time `fn`'s own
+    device work on XLA's stream (the caller reads `cuEventElapsedTime`)."""
+    def timed(*arrays):
+        out = fn(*record_event(start_event, *arrays))
+        single = not isinstance(out, (tuple, list))
+        marked = record_event(end_event, *([out] if single else out))
+        return marked[0] if single else marked
+    return timed

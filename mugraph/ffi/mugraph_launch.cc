@@ -43,6 +43,7 @@ typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 typedef unsigned long long CUdeviceptr;
+typedef struct CUevent_st* CUevent;
 
 namespace {
 
@@ -62,6 +63,7 @@ struct Driver {
   CUresult (*memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*event_record)(CUevent, CUstream) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   std::string error;
 };
@@ -89,6 +91,7 @@ const Driver& GetDriver() {
         Bind(lib, "cuFuncSetAttribute", &d.func_set_attribute, &d.error) &&
         Bind(lib, "cuMemsetD8Async", &d.memset_d8_async, &d.error) &&
         Bind(lib, "cuLaunchKernel", &d.launch_kernel, &d.error) &&
+        Bind(lib, "cuEventRecord", &d.event_record, &d.error) &&
         Bind(lib, "cuGetErrorString", &d.get_error_string, &d.error);
     return d;
   }();
@@ -335,6 +338,17 @@ ffi::Error ExecuteWorkspace(CUstream stream, ffi::ScratchAllocator scratch, ffi:
   return Launch(d, stream, call, pointers);
 }
 
+// A timing mark: records `event` (a CUevent of XLA's context) on XLA's stream. Its results alias its
+// operands (the caller declares it), so it moves no data: bracketing a program's inputs and outputs
+// with two marks times exactly the device work between them.
+ffi::Error RecordEvent(CUstream stream, ffi::RemainingArgs, ffi::RemainingRets, int64_t event) {
+  const Driver& d = GetDriver();
+  if (!d.error.empty()) return ffi::Error(ffi::ErrorCode::kUnavailable, "mugraph: " + d.error);
+  if (CUresult rc = d.event_record(reinterpret_cast<CUevent>(event), stream))
+    return DriverError(d, rc, "cuEventRecord");
+  return ffi::Error::Success();
+}
+
 template <typename B>
 auto WithCall(B binding) {
   return std::move(binding)
@@ -411,3 +425,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MugraphLaunchWorkspace, ExecuteWorkspace,
                               WithWorkspace(WithCall(ffi::Ffi::Bind()
                                                          .Ctx<ffi::PlatformStream<CUstream>>()
                                                          .Ctx<ffi::ScratchAllocator>())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MugraphRecordEvent, RecordEvent,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<CUstream>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("event"));

@@ -1,7 +1,8 @@
 """The path matrix on a GPU (tests/test_paths.py's cases): the CuPy runtime and ``as_jax("cuda")`` under
-``jax.jit`` against the CPU harness, for plans that split their loop (workspace: partials and counters) and
-plans that do not; repeated launches (the counters reset); concurrent streams each with their own buffers; and a
-persistent compilation cache read by a second process (modules named by content)."""
+``jax.jit`` against ``run_reference`` (the interpreter, float64: no CPU-harness builds on the GPU machine), for
+plans that split their loop (workspace: partials and counters) and plans that do not; repeated launches (the
+counters reset); concurrent streams each with their own buffers; a captured CUDA graph with buffers of its own;
+and a serialized executable run by a process that never built its module (modules named by content)."""
 from __future__ import annotations
 
 import os
@@ -28,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 needs_jax_gpu = pytest.mark.skipif(not jax_has_gpu(), reason="JAX sees no GPU (install jax[cuda13])")
 
 
-def _harness(c):
-    return Kernel(c.graph, c.spec).run_on_cpu(*c.inputs)
+def _reference(c, inputs=None):
+    return Kernel(c.graph, c.spec).run_reference(*(c.inputs if inputs is None else inputs))
 
 
 def _dtypes(c) -> list:
@@ -37,10 +38,10 @@ def _dtypes(c) -> list:
 
 
 @pytest.mark.parametrize("case_id", CASES)
-def test_the_cupy_runtime_agrees_with_the_harness_launch_after_launch(case_id):
+def test_the_cupy_runtime_agrees_with_the_reference_launch_after_launch(case_id):
     c = case(case_id)
     kernel = load_kernel(c.graph)
-    want = _harness(c)
+    want = _reference(c)
     for launch in range(3):  # a split plan's counters must be back at zero for the next launch
         bound = kernel.bind(*c.inputs)
         for out in bound.outputs:
@@ -51,11 +52,11 @@ def test_the_cupy_runtime_agrees_with_the_harness_launch_after_launch(case_id):
 
 @needs_jax_gpu
 @pytest.mark.parametrize("case_id", CASES)
-def test_as_jax_cuda_under_jit_agrees_with_the_harness(case_id):
+def test_as_jax_cuda_under_jit_agrees_with_the_reference(case_id):
     import jax
     c = case(case_id)
     f = jax.jit(Kernel(c.graph, c.spec).as_jax("cuda"))
-    want = _harness(c)
+    want = _reference(c)
     for call in range(3):  # per-call workspace: counters zeroed on XLA's stream every call
         assert_agree(f"{case_id} as_jax('cuda') call {call}", f(*c.inputs), want, _dtypes(c), TOLERANCE.get)
 
@@ -66,7 +67,7 @@ def test_concurrent_streams_never_share_a_split_plans_workspace(case_id):
     assert _splits(c.graph)
     kernel = load_kernel(c.graph)
     inputs = [c.inputs, [-a for a in c.inputs]]
-    wants = [Kernel(c.graph, c.spec).run_on_cpu(*x) for x in inputs]
+    wants = [_reference(c, x) for x in inputs]
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in inputs]
     outs = [None, None]
     for _ in range(20):  # interleaved, with no synchronisation between the two streams
@@ -89,7 +90,7 @@ def test_a_captured_graph_has_buffers_of_its_own(case_id):
     graph.replay()
     cupy.cuda.Device().synchronize()
     assert graph.outputs[0] is not direct[0]
-    assert_agree(f"{case_id} graph replay", [cupy.asnumpy(o) for o in graph.outputs], _harness(c), _dtypes(c),
+    assert_agree(f"{case_id} graph replay", [cupy.asnumpy(o) for o in graph.outputs], _reference(c), _dtypes(c),
                  TOLERANCE.get)
 
 
