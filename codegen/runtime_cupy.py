@@ -272,11 +272,15 @@ class _StreamState:
 
 
 def allocate_buffers(plan) -> dict:
-    """Every non-input buffer of ``plan`` on the current device and stream, zeroed: what a ``zero_init``
-    workspace buffer needs before its first launch (its kernels reset it after each launch, so once per stream is
-    enough), and no output ever shows garbage."""
+    """Every non-input buffer of ``plan`` on the current device and stream: outputs and intermediates zeroed (no
+    output ever shows garbage), ``zero_init`` workspace zeroed before its first launch (its kernels reset it after
+    each launch, so once per stream is enough), other workspace as allocated (written before it is read)."""
     import cupy
-    return {b.name: cupy.zeros(tuple(b.shape), b.dtype.numpy) for b in plan.buffers if b.role != "input"}
+
+    def allocate(b):
+        empty = b.workspace and not b.zero_init
+        return (cupy.empty if empty else cupy.zeros)(tuple(b.shape), b.dtype.numpy)
+    return {b.name: allocate(b) for b in plan.buffers if b.role != "input"}
 
 
 class GpuKernel:

@@ -7,7 +7,9 @@ module), custom kernels are one primitive each. `backend="cuda"` makes that prim
 call that launches the NVRTC CUBIN on XLA's stream (`mugraph.jax_ffi`); `backend="harness"` a
 host callback that runs the same generated CUDA on the CPU harness. Under `jax.vmap` both
 primitives run once per batch element (`vmap_method="sequential"`), the documented fallback to
-mapping the batch onto the grid.
+mapping the batch onto the grid. A plan's workspace (`LaunchPlan.workspace`: a split loop's
+partials and counters) is never a JAX value: each launcher allocates it for the call, zeroed where
+the plan says so.
 """
 from __future__ import annotations
 

@@ -264,6 +264,24 @@ def test_the_matrix_covers_split_and_unsplit_plans_of_every_workload():
     assert not missing, "pick other shapes in SPLIT_SHAPES / UNSPLIT_SHAPES: " + "; ".join(missing)
 
 
+def test_a_plans_workspace_is_the_launchers_never_a_value_the_caller_or_jax_sees():
+    """Across the matrix's split plans: workspace buffers (partials, then counters, which alone start zeroed)
+    belong to one launch each, are no plan output, and never become a JAX value (the primitive's results)."""
+    from mugraph.jax_integration import CustomStep, plan_steps
+    split = [i for i in BUILDERS if not i.startswith("generality/") and _splits(case(i).graph)]
+    assert len(split) >= 8, split
+    for case_id in split:
+        plan = generate(case(case_id).graph, "sm_80").plan
+        assert [b.role for b in plan.workspace][:2] == ["scratch", "counters"], case_id
+        assert [b.zero_init for b in plan.workspace] == [b.role == "counters" for b in plan.workspace]
+        names = {b.name for b in plan.workspace}
+        assert not names & set(plan.outputs) and not names & set(plan.inputs)
+        users = [k for k in plan.kernels for a in k.args if a in names]
+        assert len(users) == len(names), f"{case_id}: a workspace buffer shared between launches"
+        for step in (s for s in plan_steps(plan) if isinstance(s, CustomStep)):
+            assert not {b.name for b in step.workspace} & set(step.writes + step.reads), case_id
+
+
 def test_mugraph_jit_searches_a_split_plan_and_runs_it_right(tmp_path):
     """One real search end to end: a short, long-looped matmul whose winner's plan splits, inside jax.jit."""
     from mugraph.search import SearchConfig
