@@ -157,21 +157,31 @@ const Image* FindImage(const std::string& hash, std::string* why) {
   return &images.emplace(hash, std::move(image)).first->second;
 }
 
-ffi::Error DriverError(const Driver& d, CUresult rc, const std::string& what) {
+
+std::string ErrorText(const Driver& d, CUresult rc) {
   const char* text = nullptr;
   if (d.get_error_string != nullptr) d.get_error_string(rc, &text);
-  return ffi::Error(ffi::ErrorCode::kInternal,
-                    "mugraph: " + what + " failed: " + (text ? text : std::to_string(rc)));
+  return text ? text : std::to_string(rc);
 }
 
-// The image loaded in `ctx`: its CUBIN where the GPU runs it, else its PTX through the driver's JIT.
+ffi::Error DriverError(const Driver& d, CUresult rc, const std::string& what) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "mugraph: " + what + " failed: " + ErrorText(d, rc));
+}
+
+// The image loaded in `ctx`: its CUBIN where the GPU runs it (an sm_90 CUBIN runs on 9.0 only), else
+// its PTX, compiled for this GPU by the driver's JIT.
 ffi::Error LoadModule(const Driver& d, const Image& image, CUcontext ctx, CUmodule* out) {
   if (CUresult rc = d.ctx_push(ctx)) return DriverError(d, rc, "cuCtxPushCurrent");
-  CUresult rc = d.module_load_data(out, image.cubin.data());
-  if (rc == kNoBinaryForGpu) rc = d.module_load_data(out, image.ptx.c_str());
+  CUresult cubin_rc = d.module_load_data(out, image.cubin.data()), ptx_rc = kNoBinaryForGpu;
+  if (cubin_rc && !image.ptx.empty()) ptx_rc = d.module_load_data(out, image.ptx.c_str());
   CUcontext popped = nullptr;
   d.ctx_pop(&popped);
-  if (rc) return DriverError(d, rc, "cuModuleLoadData (the CUBIN, then its PTX)");
+  if (cubin_rc && ptx_rc)
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      "mugraph: cuModuleLoadData failed for the CUBIN (" + ErrorText(d, cubin_rc) +
+                          ") and for its PTX (" +
+                          (image.ptx.empty() ? std::string("none registered") : ErrorText(d, ptx_rc)) +
+                          ")");
   return ffi::Error::Success();
 }
 
