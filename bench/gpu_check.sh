@@ -1,25 +1,69 @@
 #!/usr/bin/env bash
-# The whole GPU check in one call on a lent GPU machine, under 8 minutes: make mugraph importable, run tests/gpu,
-# calibrate the cost model's table on this GPU (bench/gpu.py --calibrate: copy bandwidth, launch gaps, latency,
-# L2 and per-SM fill rates), time every kernel -- reference and searched -- against jax.jit of the same function
-# on the same inputs (bench/gpu.py: CUDA events, warm-up, L2 flushed, median of 100), and print the model's
-# table with the new constants. Logs go to $OUT (default /tmp/mugraph-gpu-check): setup.log, nvidia-smi.txt,
-# pytest.log, junit.xml, calibrate.log, calibration.json (the whole table, to commit), bench.log, bench.json,
-# model.txt. The device tool's call:  bash bench/gpu_check.sh
+# The whole GPU check in one call on a lent GPU machine, in at most 8 minutes: make mugraph importable, record the
+# GPU's clocks, run tests/gpu, calibrate the cost model's table on this GPU into $OUT (bench/gpu.py --calibrate
+# --table: copy bandwidth and idle latency with L2 flushed, launch gaps, L2 and per-SM fill rates), then time every
+# kernel -- the hand-written and the shipped searched ones, both generated with the committed table, so the
+# shipped kernels are the ones timed, plus a CTA-count sweep of the weight-streaming kernels -- each checked
+# against the spec first, against jax.jit of the same function on the same inputs (bench/gpu.py: CUDA events,
+# warm-up, L2 flushed, median of 100; jax.jit timed by events on XLA's stream), and print the model's table with
+# the committed and with the calibrated constants. Logs go to $OUT (default /tmp/mugraph-gpu-check): setup.log,
+# nvidia-smi.txt, clocks.csv, pytest.log, junit.xml, calibrate.log, calibration.json (the calibrated table, to
+# commit), bench.log, bench.json (rewritten after every row), model.txt, model-calibrated.txt.
+# The device tool's call:  bash bench/gpu_check.sh        (bash bench/gpu_check.sh --plan: the steps and caps)
+#
+# The 8 minutes: every step runs under `timeout` with the smaller of its cap and what is left of BUDGET (470 s)
+# after keeping RESERVE seconds for the steps after it, so the script ends in time even when a step hangs; a
+# timed-out bench keeps the rows written so far (and bench/gpu.py stops starting rows at its --deadline).
 #
 # Packages: the lent machine's image already has CuPy, JAX with CUDA, cuda-bindings + NVRTC, SciPy, pytest and
 # Hypothesis, and reaches no registry. Only if something is missing does this try, in order: wheels carried in
 # .whl/ (see .library/device/README.md), then pip from a registry (`.[cuda,dev]`, then `jax[cuda13]` for the
-# baseline; the benchmark reports the baseline as unavailable if JAX has no GPU). mugraph itself: an offline
-# `pip install -e .`, else a path finder in site-packages that maps mugraph.* to the repository's folders.
+# baseline; the benchmark reports the baseline as unavailable if JAX has no GPU), within the setup step's cap.
+# mugraph itself: an offline `pip install -e .`, else a path finder in site-packages that maps mugraph.* to the
+# repository's folders.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/mugraph-gpu-check}"
-mkdir -p "$OUT"
 PY="${MUGRAPH_PYTHON:-python3}"
+BUDGET=470
+NEEDED="numpy scipy ml_dtypes jax cupy cuda.bindings pytest hypothesis"
+# step: cap in seconds (each also bounded by what is left of BUDGET)
+STEPS="setup:90 pytest:150 calibrate:40 bench:150 model:15 model-calibrated:15"
+
+cap_of() { local s; for s in $STEPS; do [ "${s%%:*}" = "$1" ] && echo "${s##*:}"; done; }
+
+after() {  # the caps of the steps after $1: time kept for them
+  local s total=0 seen=0
+  for s in $STEPS; do
+    [ "$seen" = 1 ] && total=$((total + ${s##*:}))
+    [ "${s%%:*}" = "$1" ] && seen=1
+  done
+  echo "$total"
+}
+
+limit() {  # seconds step $1 may run: its cap, or less when the budget is short
+  local left=$((BUDGET - SECONDS - $(after "$1"))) cap
+  cap=$(cap_of "$1")
+  [ "$left" -lt "$cap" ] && cap=$left
+  [ "$cap" -lt 5 ] && cap=5
+  echo "$cap"
+}
+
+if [ "${1:-}" = "--plan" ]; then
+  total=0
+  for s in $STEPS; do echo "${s%%:*} ${s##*:}"; total=$((total + ${s##*:})); done
+  echo "total $total budget $BUDGET"
+  exit 0
+fi
+
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export MUGRAPH_CACHE_DIR="${MUGRAPH_CACHE_DIR:-/tmp/mugraph-cache}" MUGRAPH_PROGRESS=0
-NEEDED="numpy scipy ml_dtypes jax cupy cuda.bindings pytest hypothesis"
+
+clocks() {  # one CSV line of the GPU's clocks, power and temperature, labelled $1
+  local q="timestamp,name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu"
+  echo "$1,$(nvidia-smi --query-gpu=$q --format=csv,noheader 2>&1 | head -1)" >> "$OUT/clocks.csv"
+}
 
 missing() {  # the modules of $NEEDED that $PY cannot find
   "$PY" - $NEEDED <<'EOF'
@@ -35,17 +79,17 @@ print(" ".join(m for m in sys.argv[1:] if not found(m)))
 EOF
 }
 
-install_missing() {
+install_missing() {  # within the setup step's time: carried wheels, then a registry (each pip call bounded)
   if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     echo "installing carried wheels from .whl/"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mugraph-site \
+    timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mugraph-site \
       .whl/*.whl && export PYTHONPATH="/tmp/mugraph-site${PYTHONPATH:+:$PYTHONPATH}"
   fi
   [ -z "$(missing)" ] && return
   echo "still missing: $(missing); trying a venv from the registry"
   "$PY" -m venv /tmp/mugraph-venv && PY=/tmp/mugraph-venv/bin/python
-  timeout 240 "$PY" -m pip install -q --retries 0 --timeout 20 -e '.[cuda,dev]' || echo "pip install .[cuda,dev] failed"
-  timeout 180 "$PY" -m pip install -q --retries 0 --timeout 20 'jax[cuda13]' || echo "jax[cuda13] failed: no baseline"
+  timeout 40 "$PY" -m pip install -q --retries 0 --timeout 10 -e '.[cuda,dev]' || echo "pip install .[cuda,dev] failed"
+  timeout 30 "$PY" -m pip install -q --retries 0 --timeout 10 'jax[cuda13]' || echo "jax[cuda13] failed: no baseline"
 }
 
 make_importable() {  # mugraph.* -> the repository's folders, as [tool.setuptools.package-dir] maps them
@@ -77,7 +121,7 @@ setup() {
   echo "python: $(command -v "$PY") ($("$PY" --version 2>&1))"
   [ -n "$(missing)" ] && install_missing
   make_importable
-  "$PY" - <<'EOF'
+  timeout 60 "$PY" - <<'EOF'
 import importlib
 for name in ["mugraph", "numpy", "scipy", "ml_dtypes", "jax", "jaxlib", "cupy", "cuda.bindings", "pytest",
              "hypothesis", "z3"]:
@@ -99,28 +143,45 @@ except Exception as e:
 EOF
 }
 
-echo "== setup"
-setup > "$OUT/setup.log" 2>&1  # not in a pipeline: setup's exports (PY, PYTHONPATH) must reach the steps below
+echo "== setup (at most $(cap_of setup) s)"
+clocks start
+# not in a pipeline and not under `timeout`: setup's exports (PY, PYTHONPATH) must reach the steps below; its own
+# commands are bounded (pip calls and the import check each under timeout)
+setup > "$OUT/setup.log" 2>&1
 cat "$OUT/setup.log"
 
-echo "== pytest tests/gpu"
-# the timeouts keep the whole script under 8 minutes even when something hangs (typically: 3-5 minutes)
-timeout 210 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=8 --junitxml="$OUT/junit.xml" 2>&1 |
-  tee "$OUT/pytest.log"
+echo "== pytest tests/gpu (at most $(limit pytest) s)"
+timeout "$(limit pytest)" "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=8 \
+  --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
 tests=$?
+clocks after-pytest
 
-echo "== bench/gpu.py --calibrate"
-timeout 45 "$PY" bench/gpu.py --calibrate --json "$OUT/calibrate.json" 2>&1 | tee "$OUT/calibrate.log"
+echo "== bench/gpu.py --calibrate into $OUT/calibration.json (at most $(limit calibrate) s)"
+rm -f "$OUT/calibration.json"
+timeout "$(limit calibrate)" "$PY" bench/gpu.py --calibrate --table "$OUT/calibration.json" 2>&1 |
+  tee "$OUT/calibrate.log"
 calibrate=$?
-cp codegen/calibration.json "$OUT/calibration.json" 2>/dev/null
 
-echo "== bench/gpu.py (reference and searched kernels vs jax.jit)"
-timeout 150 "$PY" bench/gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+bench_s=$(limit bench)
+echo "== bench/gpu.py: hand-written and shipped kernels vs jax.jit, committed table (at most $bench_s s)"
+timeout "$bench_s" "$PY" bench/gpu.py --json "$OUT/bench.json" --deadline $((bench_s - 25)) 2>&1 |
+  tee "$OUT/bench.log"
 bench=$?
+clocks after-bench
 
-echo "== bench/gpu.py --model (with the calibrated constants)"
-timeout 30 "$PY" bench/gpu.py --model 2>&1 | tee "$OUT/model.txt"
+echo "== bench/gpu.py --model (the committed constants)"
+timeout "$(limit model)" "$PY" bench/gpu.py --model 2>&1 | tee "$OUT/model.txt"
 
-echo "== summary: pytest exit $tests, calibrate exit $calibrate, bench exit $bench"
+echo "== bench/gpu.py --model (the constants calibrated on this GPU)"
+if [ -f "$OUT/calibration.json" ]; then
+  MUGRAPH_CALIBRATION="$OUT/calibration.json" timeout "$(limit model-calibrated)" "$PY" bench/gpu.py --model 2>&1 |
+    tee "$OUT/model-calibrated.txt"
+else
+  echo "no calibrated table (calibration exit $calibrate)" | tee "$OUT/model-calibrated.txt"
+fi
+
+echo "== summary after ${SECONDS} s: pytest exit $tests, calibrate exit $calibrate, bench exit $bench"
+cat "$OUT/clocks.csv"
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -25
+grep -E "FAILED" "$OUT/bench.log" | head -20
 [ "$tests" -eq 0 ] && [ "$calibrate" -eq 0 ] && [ "$bench" -eq 0 ]

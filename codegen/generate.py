@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 from mugraph.codegen import render as R
 from mugraph.codegen.arch import get_arch
 from mugraph.codegen.lower import KernelIR, OutputView, Step
-from mugraph.codegen.plan import Buffer, GraphPlanner, LaunchPlan, SmemPlan, lower_and_plan, param_ctype
+from mugraph.codegen.plan import GraphPlanner, LaunchPlan, SmemPlan, lower_and_plan, param_ctype, split_buffers
 from mugraph.codegen.schedule import kernel_schedule
-from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 
@@ -70,10 +69,9 @@ def _split_launch(ir: KernelIR, smem: SmemPlan, buffers: list):
         if ir.splits == 1:
             return k
         gx, gy, gz = k.grid
-        scratch, counters = f"{k.name}_partials", f"{k.name}_counters"
-        buffers.append(Buffer(scratch, (gx * gy * gz * ir.splits * ir.state_floats,), DType.FLOAT32, "scratch"))
-        buffers.append(Buffer(counters, (gx * gy * gz,), DType.FLOAT32, "counters"))
-        return replace(k, grid=(gx, gy, gz * ir.splits), args=k.args + (scratch, counters))
+        workspace = split_buffers(k.name, gx * gy * gz, ir.splits, ir.state_floats)
+        buffers.extend(workspace)
+        return replace(k, grid=(gx, gy, gz * ir.splits), args=k.args + tuple(b.name for b in workspace))
     return launch
 
 

@@ -24,14 +24,44 @@ from mugraph.ir.ops import KERNEL_LAYOUT, KOp
 # ---- the interface the runtimes read -----------------------------------------------------------------------------
 
 
+WORKSPACE_ROLES = frozenset({"scratch", "counters"})
+
+
 @dataclass(frozen=True)
 class Buffer:
-    """A device tensor: a graph input, a graph output or an intermediate between launches."""
+    """A device tensor: a graph input, a graph output, an intermediate between launches, or workspace.
+
+    Workspace (roles in WORKSPACE_ROLES) is memory a launcher owns for one launch: never a value the caller
+    sees, never shared between launches that may run at once (one per call, or per stream). ``zero_init``: the
+    launcher zeroes it before the first launch that uses it (a split loop's counters; the last CTA resets them,
+    so a buffer kept for a stream needs zeroing once, a buffer allocated per call every call). Other workspace
+    starts with whatever the allocator gives (a split's partials: every CTA writes its own before any is read).
+    """
 
     name: str
     shape: tuple
     dtype: DType
-    role: str  # "input" | "output" | "intermediate" | "scratch" | "counters" (zeroed once; kernels reset them)
+    role: str  # "input" | "output" | "intermediate" | "scratch" | "counters"
+    zero_init: bool = False
+
+    @property
+    def workspace(self) -> bool:
+        return self.role in WORKSPACE_ROLES
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def split_buffers(kernel: str, blocks: int, splits: int, state_floats: int) -> tuple[Buffer, Buffer]:
+    """The workspace of a kernel whose loop is split over ``splits`` CTAs per block: the partial states (fp32,
+    written by each CTA before it counts in) and one finished-CTA counter per block (32-bit, zeroed; the kernel
+    takes it as ``unsigned*``: zero is zero in either type)."""
+    return (Buffer(f"{kernel}_partials", (blocks * splits * state_floats,), DType.FLOAT32, "scratch"),
+            Buffer(f"{kernel}_counters", (blocks,), DType.FLOAT32, "counters", zero_init=True))
 
 
 @dataclass(frozen=True)
@@ -55,6 +85,16 @@ class LaunchPlan:
     buffers: tuple
     inputs: tuple   # buffer names in the graph's input order
     outputs: tuple  # buffer names in the graph's output order (a name may repeat, or be an input's)
+
+    @property
+    def workspace(self) -> tuple:
+        """The buffers every launcher allocates itself (see Buffer): scratch and counters, by plan order."""
+        return tuple(b for b in self.buffers if b.workspace)
+
+    def launch_workspace(self, launch: KernelLaunch) -> tuple:
+        """The workspace buffers ``launch`` takes, in its argument order."""
+        mine = {b.name: b for b in self.workspace}
+        return tuple(mine[a] for a in dict.fromkeys(launch.args) if a in mine)
 
 
 # ---- shared-memory planning --------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def run_plan(module: GeneratedModule, cpu: CpuModule | None, arrays, *, schedule
     for b in plan.buffers:
         if b.name not in buffers:
             buffers[b.name] = aligned_empty(b.shape, b.dtype.numpy)
-            buffers[b.name][...] = 0 if b.role == "counters" else np.nan
+            buffers[b.name][...] = 0 if b.zero_init else np.nan
     for launch in plan.kernels:
         args = [buffers[a] for a in launch.args]
         if launch.kind == "custom":

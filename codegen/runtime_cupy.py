@@ -2,9 +2,11 @@
 launch the plan's kernels in order on the current stream, and capture the whole plan as a CUDA graph.
 
 Arrays: CuPy arrays are used as they are, JAX (and other DLPack) GPU arrays without a copy, NumPy arrays are
-copied to the device. Outputs and intermediates live in a workspace allocated once per kernel and device; the
-arrays a call returns ARE that workspace, so the next call overwrites them (``copy=True`` returns fresh ones).
-Not thread-safe: one GpuKernel serves one thread at a time.
+copied to the device. Outputs, intermediates and the plan's workspace (split partials and counters,
+``LaunchPlan.workspace``) live in buffers allocated once per kernel, device and stream, zeroed where the plan says
+so: launches on different streams never share them, launches on one stream are ordered by it. The arrays a call
+returns ARE that stream's buffers, so the next call on the same stream overwrites them (``copy=True`` returns
+fresh ones). Threads may share a GpuKernel when each launches on its own stream.
 """
 from __future__ import annotations
 
@@ -223,12 +225,14 @@ class CapturedGraph:
         self.graph.launch(stream)
 
 
-def capture(bound: Sequence[BoundLaunch], repeat: int = 1) -> CapturedGraph:
-    """Record ``repeat`` rounds of the bound launches (each in order) as one CUDA graph."""
+def capture(bound: Sequence[BoundLaunch], repeat: int = 1, stream=None) -> CapturedGraph:
+    """Record ``repeat`` rounds of the bound launches (each in order) as one CUDA graph, on ``stream`` (default:
+    a new one). The graph writes the bound launches' buffers: bind them on the capture stream (as
+    ``GpuKernel.capture_graph`` does) so that no launch on another stream shares them."""
     import cupy
     if not bound or repeat < 1:
         raise InvalidInput("capture needs at least one bound launch and repeat >= 1")
-    stream, pool = cupy.cuda.Stream(non_blocking=True), cupy.cuda.MemoryPool()
+    stream, pool = stream or cupy.cuda.Stream(non_blocking=True), cupy.cuda.MemoryPool()
     cupy.cuda.Device().synchronize()  # the inputs' producers (on other streams) have finished
     # Library ops allocate temporaries. Inside capture they come from a pool nobody else uses, so the addresses
     # the graph recorded stay reserved for it; the warm-up round fills that pool and loads modules and handles.
@@ -253,8 +257,30 @@ def capture(bound: Sequence[BoundLaunch], repeat: int = 1) -> CapturedGraph:
 class _DeviceState:
     device_id: int
     functions: Mapping[str, Any]   # cupy.RawKernel per custom kernel name
-    workspace: Mapping[str, Any]   # output and intermediate buffers, allocated once
     loader: str                    # "cubin" (our NVRTC build) or "cupy-nvrtc (reason)"
+    streams: dict = field(default_factory=dict)  # stream handle -> _StreamState
+
+
+@dataclass
+class _StreamState:
+    """One stream's buffers: every plan buffer but the inputs, allocated on first use on that stream. The
+    state holds the stream object, so its handle (the key) is not reused while the buffers live."""
+
+    stream: Any                    # cupy.cuda.Stream (or the null stream)
+    buffers: Mapping[str, Any]     # outputs, intermediates and workspace
+    last: tuple | None = None      # (input pointers, BoundLaunch) of the previous call on this stream
+
+
+def allocate_buffers(plan) -> dict:
+    """Every non-input buffer of ``plan`` on the current device and stream: outputs and intermediates zeroed (no
+    output ever shows garbage), ``zero_init`` workspace zeroed before its first launch (its kernels reset it after
+    each launch, so once per stream is enough), other workspace as allocated (written before it is read)."""
+    import cupy
+
+    def allocate(b):
+        empty = b.workspace and not b.zero_init
+        return (cupy.empty if empty else cupy.zeros)(tuple(b.shape), b.dtype.numpy)
+    return {b.name: allocate(b) for b in plan.buffers if b.role != "input"}
 
 
 class GpuKernel:
@@ -273,7 +299,7 @@ class GpuKernel:
         self._input_names = tuple(graph.input_names) if graph is not None else tuple(self.plan.inputs)
         check_plan(self.plan, self.compiled, self.arch)
         self._states: dict[int, _DeviceState] = {}
-        self._last: tuple | None = None  # (device, input pointers) -> BoundLaunch of the previous call
+        self._lock = threading.Lock()  # guards the creation of device and stream states
 
     def _compile(self) -> CompiledKernel | None:
         if not self._custom or self.arch not in TARGETS:
@@ -303,28 +329,43 @@ class GpuKernel:
 
     # -- devices --
     def load(self) -> None:
-        """Load the module and allocate the workspace on the current device (done by the first call otherwise)."""
-        self._state()
+        """Load the module on the current device and allocate the current stream's buffers (done by the first call
+        otherwise)."""
+        self._stream_state(self._state())
 
     def _state(self) -> _DeviceState:
         require_gpu()
         import cupy
         device_id = cupy.cuda.Device().id
-        if device_id not in self._states:
-            self._states[device_id] = self._load(device_id)
-        return self._states[device_id]
+        with self._lock:
+            if device_id not in self._states:
+                self._states[device_id] = self._load(device_id)
+            return self._states[device_id]
+
+    def _stream_state(self, state: _DeviceState) -> _StreamState:
+        """The current stream's buffers on ``state``'s device, allocated (on that stream) on first use."""
+        import cupy
+        stream = cupy.cuda.get_current_stream()
+        with self._lock:
+            if stream.ptr not in state.streams:
+                state.streams[stream.ptr] = _StreamState(stream, allocate_buffers(self.plan))
+            return state.streams[stream.ptr]
+
+    def streams(self, device_id: int | None = None) -> int:
+        """How many streams have their own buffers for this kernel on a device (default: the current one)."""
+        if device_id is None:
+            import cupy
+            device_id = cupy.cuda.Device().id
+        state = self._states.get(device_id)
+        return len(state.streams) if state else 0
 
     def _load(self, device_id: int) -> _DeviceState:
-        import cupy
         functions, loader = self._load_functions(device_id)
         self._check_device_limits(device_id, functions)
         for name, smem in self._dynamic_smem().items():
             if smem > DEFAULT_SMEM_BYTES:
                 functions[name].max_dynamic_shared_size_bytes = smem
-        # zeros, not empty: a first run never reads garbage; tests poison outputs themselves
-        workspace = {b.name: cupy.zeros(tuple(b.shape), b.dtype.numpy)
-                     for b in self.plan.buffers if b.role != "input"}
-        return _DeviceState(device_id, functions, workspace, loader)
+        return _DeviceState(device_id, functions, loader)
 
     def _load_functions(self, device_id: int) -> tuple[dict, str]:
         if not self._custom:
@@ -356,31 +397,41 @@ class GpuKernel:
 
     # -- launching --
     def bind(self, *arrays) -> BoundLaunch:
-        """Check and place ``arrays`` on the current device and resolve every launch's arguments."""
+        """Check and place ``arrays`` on the current device and resolve every launch's arguments, on the current
+        stream's buffers."""
         state = self._state()
+        return self._bind(state, self._stream_state(state), arrays)
+
+    def _bind(self, state: _DeviceState, mine: _StreamState, arrays) -> BoundLaunch:
         self.check_inputs(arrays)
         inputs = [to_device(x, name, state.device_id) for name, x in zip(self._input_names, arrays)]
-        key = (state.device_id, tuple(a.data.ptr for a in inputs))
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]  # same memory as the previous call: its resolved launches still hold
-        buffers = {**state.workspace, **dict(zip(self.plan.inputs, inputs))}
+        key = tuple(a.data.ptr for a in inputs)
+        if mine.last is not None and mine.last[0] == key:
+            return mine.last[1]  # same memory as this stream's previous call: its resolved launches still hold
+        buffers = {**mine.buffers, **dict(zip(self.plan.inputs, inputs))}
         steps = [STEP_BUILDERS[k.kind](state, k, buffers) for k in self.plan.kernels]
         bound = BoundLaunch(steps, buffers, [buffers[name] for name in self.plan.outputs], state.device_id)
-        self._last = (key, bound)
+        mine.last = (key, bound)
         return bound
 
     def __call__(self, *arrays, copy: bool = False) -> list:
         """Launch on the current stream; returns the outputs as CuPy arrays (asynchronously computed).
 
-        The returned arrays are the kernel's workspace: the next call overwrites them. ``copy=True`` returns
-        copies instead. ``jax.dlpack.from_dlpack(out)`` turns one into a JAX array without a copy.
+        The returned arrays are this stream's buffers: the next call on the same stream overwrites them.
+        ``copy=True`` returns copies instead. ``jax.dlpack.from_dlpack(out)`` turns one into a JAX array without a
+        copy.
         """
         outputs = self.bind(*arrays).launch()
         return [o.copy() for o in outputs] if copy else list(outputs)
 
     def capture_graph(self, *arrays, repeat: int = 1) -> CapturedGraph:
-        """A CUDA graph of ``repeat`` back-to-back runs on ``arrays`` (see ``capture``)."""
-        return capture([self.bind(*arrays)], repeat)
+        """A CUDA graph of ``repeat`` back-to-back runs on ``arrays`` (see ``capture``), with buffers of its own:
+        no call of the kernel on any stream shares them (they live as long as the graph)."""
+        import cupy
+        state, stream = self._state(), cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            bound = self._bind(state, _StreamState(stream, allocate_buffers(self.plan)), arrays)
+        return capture([bound], repeat, stream)
 
     def loader(self, device_id: int | None = None) -> str | None:
         """How the module was loaded on a device: "cubin", "cupy-nvrtc (why)", or None if not yet."""

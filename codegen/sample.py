@@ -86,7 +86,7 @@ def _run_one(cpu, launch, ck, specs, values, picks, seed, schedule, workers) -> 
         if name in values and name not in ck.outputs:
             buf[...] = np.asarray(values[name]).astype(spec.dtype.numpy)
         else:
-            buf[...] = 0 if spec.role == "counters" else np.nan
+            buf[...] = 0 if spec.zero_init else np.nan
         buffers[name] = buf
     ids = [x + bg.grid[0] * (y + bg.grid[1] * (z + bg.grid[2] * s)) for x, y, z in blocks for s in range(splits)]
     cpu.run(launch.name, [buffers[a] for a in launch.args], launch.grid, launch.block, launch.smem_bytes,

@@ -2,7 +2,12 @@
 handler (`ffi/mugraph_launch.cc`) on XLA's own stream, with no copies through CuPy.
 
 The handler is built with g++ against jaxlib's FFI headers (no CUDA toolkit needed), cached by
-content like the CPU-harness builds, and registered with JAX once per process.
+content like the CPU-harness builds, and registered with JAX once per process. A custom call names
+its module by content (SHA-256 of CUBIN and PTX), so an executable from the persistent compilation
+cache or a serialized one means the same code in every process; a process that has not registered
+the module loads it from the on-disk registry (`registry_dir()`) or fails saying so. A plan's
+workspace (split partials, counters) is the handler's, per call, zeroed where the plan says so
+(`codegen.plan.Buffer`); it is never an XLA value.
 """
 from __future__ import annotations
 
@@ -17,9 +22,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from mugraph.ir.errors import CompileError, NoDevice
+from mugraph.ir.errors import CompileError, InvalidInput, NoDevice
 
-TARGET = "mugraph_launch"
+TARGET = "mugraph_launch"             # plans without workspace: command-buffer compatible
+WORKSPACE_TARGET = "mugraph_launch_ws"  # plans with workspace: XLA's scratch allocator, per call
+TARGETS = {TARGET: ("MugraphInitialize", "MugraphLaunch"),
+           WORKSPACE_TARGET: ("MugraphInitializeWorkspace", "MugraphLaunchWorkspace")}
+EVENT_TARGET = "mugraph_record_event"   # a timing mark on XLA's stream (bench/gpu.py)
 SOURCE = Path(__file__).resolve().parent / "ffi" / "mugraph_launch.cc"
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wno-return-type")
 _LOCK = threading.Lock()
@@ -60,7 +69,10 @@ def _loads(so: Path) -> bool:
     if not so.is_file():
         return False
     try:
-        ctypes.CDLL(str(so)).MugraphLaunch
+        lib = ctypes.CDLL(str(so))
+        for symbol in (*(name for pair in TARGETS.values() for name in pair), "MugraphRecordEvent",
+                       "mg_find_module"):
+            getattr(lib, symbol)
         return True
     except (OSError, AttributeError):
         so.unlink(missing_ok=True)
@@ -69,60 +81,190 @@ def _loads(so: Path) -> bool:
 
 @functools.cache
 def handler_library() -> ctypes.CDLL:
-    """The loaded handler, registered with JAX as the CUDA target `mugraph_launch`."""
+    """The loaded handler, registered with JAX for CUDA as `mugraph_launch` (plans without
+    workspace; command-buffer compatible) and `mugraph_launch_ws` (plans with workspace), each
+    with an initialize stage that loads the module outside any command-buffer capture. A process
+    that runs a serialized executable holding mugraph calls calls this first."""
     lib = ctypes.CDLL(str(build_handler()))
-    lib.mg_register_module.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.mg_register_module.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64,
+                                       ctypes.c_char_p, ctypes.c_int64]
     lib.mg_register_module.restype = ctypes.c_int64
+    lib.mg_set_registry.argtypes = [ctypes.c_char_p]
+    lib.mg_find_module.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
+    lib.mg_find_module.restype = ctypes.c_int64
     lib.mg_module_count.restype = ctypes.c_int64
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MugraphLaunch), platform="CUDA")
+    lib.mg_set_registry(str(registry_dir()).encode())
+    for target, (initialize, execute) in TARGETS.items():
+        jax.ffi.register_ffi_target(target, {"initialize": jax.ffi.pycapsule(getattr(lib, initialize)),
+                                             "execute": jax.ffi.pycapsule(getattr(lib, execute))},
+                                    platform="CUDA")
+    jax.ffi.register_ffi_target(EVENT_TARGET, jax.ffi.pycapsule(lib.MugraphRecordEvent), platform="CUDA")
     return lib
 
 
-def register_cubin(cubin: bytes) -> int:
-    """The handler's id for `cubin` (each distinct CUBIN is registered once per process)."""
+register_handler = handler_library
+
+
+# ---- modules, named by content -----------------------------------------------------------------------
+def registry_dir() -> Path:
+    """Where registered modules live on disk (`<hash>.cubin`, `<hash>.ptx`) for other processes."""
+    from mugraph.ir.cache_dir import usable_dir
+    from mugraph.ir.settings import settings
+    return usable_dir(Path(settings.cache_dir) / "ffi-modules", "XLA FFI modules")
+
+
+def module_name(cubin: bytes, ptx: str) -> str:
+    """The content hash a custom call names its module by: SHA-256 of the CUBIN, NUL, the PTX."""
+    return hashlib.sha256(cubin + b"\0" + ptx.encode()).hexdigest()
+
+
+def is_cubin(blob: bytes) -> bool:
+    """A 64-bit ELF for EM_CUDA (190): what NVRTC and nvcc write as a CUBIN."""
+    return len(blob) >= 20 and blob[:4] == b"\x7fELF" and blob[4] == 2 and \
+        int.from_bytes(blob[18:20], "little") == _EM_CUDA
+
+
+_EM_CUDA = 190
+
+
+def register_module(cubin: bytes, ptx: str = "") -> str:
+    """Register `cubin` (and its PTX, which the handler JIT-compiles for a GPU the CUBIN does not
+    run on) with the handler and in the on-disk registry; returns its content hash, the name the
+    custom call carries. InvalidInput when `cubin` is not a CUBIN."""
+    if not isinstance(cubin, (bytes, bytearray)) or not is_cubin(bytes(cubin)):
+        head = bytes(cubin[:8]) if isinstance(cubin, (bytes, bytearray)) else type(cubin).__name__
+        raise InvalidInput(f"the module to register is not a CUBIN (a 64-bit ELF for EM_CUDA); it "
+                           f"starts {head!r}",
+                           hint="pass CompiledKernel.cubin from mugraph.codegen.compile_cuda")
+    cubin, name = bytes(cubin), module_name(bytes(cubin), ptx)
     with _LOCK:
-        if cubin not in _MODULE_IDS:
-            _MODULE_IDS[cubin] = handler_library().mg_register_module(cubin, len(cubin))
-        return _MODULE_IDS[cubin]
+        if name not in _REGISTERED:
+            _write_registry(name, cubin, ptx)
+            code = handler_library().mg_register_module(name.encode(), cubin, len(cubin),
+                                                        ptx.encode(), len(ptx.encode()))
+            if code != 0:
+                raise InvalidInput(f"the XLA FFI handler refused module {name[:16]} (code {code})",
+                                   hint="rebuild the handler: delete the ffi folder of the cache")
+            _REGISTERED.add(name)
+    return name
 
 
-_MODULE_IDS: dict[bytes, int] = {}
+_REGISTERED: set[str] = set()
 
 
+def _write_registry(name: str, cubin: bytes, ptx: str) -> None:
+    folder = registry_dir()
+    for suffix, data in ((".cubin", cubin), (".ptx", ptx.encode())):
+        path = folder / f"{name}{suffix}"
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+def find_module(name: str) -> str | None:
+    """None when the handler of this process has module `name` or loads it from the registry;
+    else the handler's own message saying why not."""
+    why = ctypes.create_string_buffer(1024)
+    return None if handler_library().mg_find_module(name.encode(), why, len(why)) else \
+        why.value.decode()
+
+
+# ---- the GPU's architecture ----------------------------------------------------------------------------
 def device_arch() -> str:
-    """The CUBIN arch for JAX's first GPU: sm_80 for compute capability 8.x, sm_90 for 9.x."""
+    """The arch to generate and compile for JAX's first GPU (see `arch_for`)."""
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus:
         raise NoDevice("JAX sees no GPU", hint="backend='harness' runs on the CPU harness")
-    major = int(str(getattr(gpus[0], "compute_capability", "9.0")).split(".")[0])
-    return {8: "sm_80"}.get(major, "sm_90")
+    return arch_for(str(getattr(gpus[0], "compute_capability", "9.0")))
 
 
+def arch_for(compute_capability: str) -> str:
+    """sm_80 for 8.x (an sm_80 CUBIN runs on every 8.x GPU), sm_90 for 9.0 and for every newer
+    major, where the sm_90 CUBIN does not run and the handler loads its PTX, compiled for that GPU
+    by the driver's JIT at load. NoDevice before 8.0 (no cp.async / bf16 mma.sync)."""
+    major = int(str(compute_capability).split(".")[0])
+    if major < 8:
+        raise NoDevice(f"JAX's GPU has compute capability {compute_capability}; mugraph's kernels "
+                       "need 8.0 or newer (cp.async, mma.sync with bf16)",
+                       hint="backend='harness' runs the generated CUDA on the CPU harness")
+    return "sm_80" if major == 8 else "sm_90"
+
+
+# ---- the launcher ---------------------------------------------------------------------------------------
 class CudaLauncher:
-    """Custom kernels as `mugraph_launch` custom calls; the CUBIN is compiled on first use."""
+    """Custom kernels as `mugraph_launch` / `mugraph_launch_ws` custom calls naming their module
+    by content; the CUBIN is compiled (NVRTC, cached) and registered on first use."""
 
     def __init__(self, module):
         self.module = module
-        self._module_id = None
+        self._name = None
 
-    def module_id(self, register: bool = True) -> int:
-        if self._module_id is None:
-            if not register:
-                return -1  # tracing and lowering only: no handler, no CUBIN needed
+    def module_name(self, register: bool = True) -> str:
+        """The module's content hash; `register=False` computes it without the handler (tracing
+        and lowering on a machine without a GPU)."""
+        if self._name is None or (register and self._name not in _REGISTERED):
             from mugraph.codegen.compile import compile_cuda
             from mugraph.ir.settings import settings
             compiled = compile_cuda(self.module.source, self.module.arch, name="mugraph_kernel",
                                     cache_dir=Path(settings.cache_dir) / "nvrtc")
-            self._module_id = register_cubin(compiled.cubin)
-        return self._module_id
+            self._name = register_module(compiled.cubin, compiled.ptx) if register else \
+                module_name(compiled.cubin, compiled.ptx)
+        return self._name
 
     def __call__(self, step, inputs, results):
-        launch = step.launch
-        slots = {name: i for i, name in enumerate(step.reads)}
-        slots.update({name: -1 - i for i, name in enumerate(step.writes)})
         from mugraph.jax_integration import jax_has_gpu
-        call = jax.ffi.ffi_call(TARGET, results, vmap_method="sequential")
-        return call(*inputs, module=np.int64(self.module_id(register=jax_has_gpu())),
-                    kernel=launch.name, grid=np.asarray(launch.grid, np.int64),
-                    block=np.asarray(launch.block, np.int64), smem=np.int64(launch.smem_bytes),
-                    params=np.asarray([slots[a] for a in launch.args], np.int64))
+        launch = step.launch
+        kinds, indices = param_slots(step)
+        attributes = dict(module=self.module_name(register=jax_has_gpu()), kernel=launch.name,
+                          grid=np.asarray(launch.grid, np.int64),
+                          block=np.asarray(launch.block, np.int64),
+                          smem=np.int64(launch.smem_bytes), param_kind=kinds, param_index=indices)
+        target = TARGET
+        if step.workspace:
+            target = WORKSPACE_TARGET
+            attributes.update(
+                workspace_bytes=np.asarray([b.nbytes for b in step.workspace], np.int64),
+                workspace_zero=np.asarray([int(b.zero_init) for b in step.workspace], np.int64))
+        call = jax.ffi.ffi_call(target, results, vmap_method="sequential")
+        return call(*inputs, **attributes)
+
+
+OPERAND, RESULT, WORKSPACE = 0, 1, 2  # what a kernel parameter is, in the custom call's param_kind
+
+
+def param_slots(step) -> tuple[np.ndarray, np.ndarray]:
+    """(kind, index) of each kernel parameter: operand i, result i or workspace i of the call."""
+    slots = {name: (OPERAND, i) for i, name in enumerate(step.reads)}
+    slots.update({name: (RESULT, i) for i, name in enumerate(step.writes)})
+    slots.update({b.name: (WORKSPACE, i) for i, b in enumerate(step.workspace)})
+    pairs = [slots[a] for a in step.launch.args]
+    return (np.asarray([k for k, _ in pairs], np.int64), np.asarray([i for _, i in pairs], np.int64))
+
+
+# ---- timing marks ----------------------------------------------------------------------------------------
+def record_event(event: int, *arrays):
+    """`arrays` unchanged, after recording the CUDA event `event` (a CUevent handle, e.g. a CuPy
+    Event's `.ptr`, in the context XLA uses) on XLA's stream when they are ready: the results alias
+    the operands, so no data moves. `record_event(start, *fn(*record_event(end...)))`-style
+    brackets time exactly the device work of the program between them."""
+    if not arrays:
+        raise InvalidInput("record_event needs at least one array to order the mark against")
+    handler_library()
+    results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    call = jax.ffi.ffi_call(EVENT_TARGET, results, vmap_method="sequential",
+                            input_output_aliases={i: i for i in range(len(arrays))})
+    return tuple(call(*arrays, event=np.int64(event)))
+
+
+def bracketed(fn, start_event: int, end_event: int):
+    """`fn` (arrays -> array or tuple of arrays) with `start_event` recorded once its inputs are
+    ready and `end_event` once its outputs are: under `jax.jit` the two events time `fn`'s own
+    device work on XLA's stream (the caller reads `cuEventElapsedTime`)."""
+    def timed(*arrays):
+        out = fn(*record_event(start_event, *arrays))
+        single = not isinstance(out, (tuple, list))
+        marked = record_event(end_event, *([out] if single else out))
+        return marked[0] if single else marked
+    return timed

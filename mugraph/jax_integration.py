@@ -7,7 +7,9 @@ module), custom kernels are one primitive each. `backend="cuda"` makes that prim
 call that launches the NVRTC CUBIN on XLA's stream (`mugraph.jax_ffi`); `backend="harness"` a
 host callback that runs the same generated CUDA on the CPU harness. Under `jax.vmap` both
 primitives run once per batch element (`vmap_method="sequential"`), the documented fallback to
-mapping the batch onto the grid.
+mapping the batch onto the grid. A plan's workspace (`LaunchPlan.workspace`: a split loop's
+partials and counters) is never a JAX value: each launcher allocates it for the call, zeroed where
+the plan says so.
 """
 from __future__ import annotations
 
@@ -96,11 +98,13 @@ def graph_function(graph: KernelGraph) -> Callable:
 # ---- the launch plan as JAX steps ------------------------------------------------------------------
 @dataclass(frozen=True)
 class CustomStep:
-    """One custom-kernel launch: the buffers it reads and the ones it writes (in `launch.args`)."""
+    """One custom-kernel launch: the buffers it reads, the ones it writes (in `launch.args`), and the
+    workspace the launcher allocates for it (never a JAX value: see `codegen.plan.Buffer`)."""
 
     launch: object                  # codegen.plan.KernelLaunch
     reads: tuple                    # buffer names, in the order the primitive receives them
     writes: tuple                   # buffer names it produces, in the order it returns them
+    workspace: tuple = ()           # codegen.plan.Buffer per workspace argument, in argument order
 
 
 def plan_steps(plan) -> list:
@@ -109,9 +113,11 @@ def plan_steps(plan) -> list:
     steps = []
     for launch in plan.kernels:
         if launch.kind == "custom":
+            workspace = plan.launch_workspace(launch)
+            private = {b.name for b in workspace}
             reads = tuple(a for a in dict.fromkeys(launch.args) if a in defined)
-            writes = tuple(a for a in launch.args if a not in defined)
-            steps.append(CustomStep(launch, reads, writes))
+            writes = tuple(a for a in launch.args if a not in defined and a not in private)
+            steps.append(CustomStep(launch, reads, writes, workspace))
             defined.update(writes)
         else:
             steps.append(launch)
@@ -165,6 +171,9 @@ class HarnessLauncher:
         for name, spec in zip(step.writes, results):
             arrays[name] = aligned_empty(spec.shape, spec.dtype)
             arrays[name][...] = np.nan  # an element the kernel does not write shows up
+        for buffer in step.workspace:  # this call's own; NaN where the plan promises nothing
+            arrays[buffer.name] = aligned_empty(buffer.shape, buffer.dtype.numpy)
+            arrays[buffer.name][...] = 0 if buffer.zero_init else np.nan
         launch = step.launch
         self.cpu().run(launch.name, [arrays[a] for a in launch.args], launch.grid, launch.block,
                        launch.smem_bytes)

@@ -1,13 +1,18 @@
-"""bench/gpu.py where no GPU is: it says so and exits 0; its table and sizing helpers work on plain numbers."""
+"""bench/gpu.py where no GPU is: it says so and exits 0; its table, its checks, its CTA sweep, its row writer, its
+clock reading, its calibration file and its jax.jit timing marks work here, and bench/gpu_check.sh fits 8 minutes."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from mugraph import workloads
+from mugraph import ir, workloads
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
 
@@ -63,3 +68,114 @@ def test_the_model_table_is_the_cost_models(bench, capsys):
 def test_too_few_reps_for_a_median_is_refused(bench):
     with pytest.raises(SystemExit):
         bench.parse(["--reps", "10"])
+
+
+# ---- the GPU run's logic, on the CPU ---------------------------------------------------------------------------
+def test_an_output_that_disagrees_with_the_spec_is_named_and_one_within_tolerance_passes(bench):
+    rng = np.random.default_rng(0)
+    want = rng.standard_normal((8, 16))
+    ours = want.astype(np.float16)
+    assert bench.disagreement([ours], [want], ["float16"]) == (pytest.approx(0, abs=1e-3), None)
+    for damage, reason in ((np.nan, "NaN at 1 of 128"), (np.inf, r"\+inf at 1 of 128"), (want[2, 3] + 0.1, "tolerance")):
+        bad = ours.copy()
+        bad[2, 3] = damage
+        _, why = bench.disagreement([bad], [want], ["float16"])
+        assert why and re.search(reason, why), why
+    assert bench.disagreement([ours[:4]], [want], ["float16"])[1].startswith("output 0 has shape")
+    specials = want.copy()
+    specials[0, 0] = np.nan  # NaN where the spec has NaN too agrees
+    assert bench.disagreement([specials.astype(np.float16)], [specials], ["float16"])[1] is None
+
+
+def test_a_row_past_the_deadline_is_reported_not_measured(bench):
+    now = [100.0]
+    deadline = bench.Deadline(5, clock=lambda: now[0])
+    ctx = bench.Context(jax="no jax", target="h200", flush=None, reps=50, sweep=False, deadline=deadline)
+    assert not deadline.passed()
+    now[0] = 105.0
+    row = bench.measure(bench.Row("lora"), graph=None, arrays=None, want=None, theirs=None, ctx=ctx)
+    assert row.error == "not run: the --deadline passed" and row.mugraph_us is None
+    assert not bench.Deadline(None).passed()
+
+
+def test_the_sweep_sizes_a_streaming_kernel_at_cta_counts_around_the_sm_count(bench):
+    from mugraph.codegen.arch import get_arch
+    w = workloads.get("gated_mlp").small()
+    graph, spec = w.reference(), w.spec()
+    swept = bench.sweep_graphs(graph, spec)
+    counts = [c for c, _ in swept]
+    assert counts == sorted(set(counts)) and bench.launch_ctas(graph) in counts and len(counts) >= 4
+    assert counts[0] < get_arch("sm_90").sm_count < counts[-1]
+    arrays = w.random_inputs(0)
+    want = ir.interpret(graph, arrays)[0]
+    for ctas, sized in swept:
+        assert bench.launch_ctas(sized) == ctas
+        np.testing.assert_allclose(ir.interpret(sized, arrays)[0], want, rtol=1e-9, atol=1e-9)
+    assert bench.sweep_graphs(workloads.get("ntrans").small().spec(), spec) == []  # no custom kernel
+
+
+def test_rows_are_written_as_they_are_measured(bench, tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    writer = bench.RowWriter(path, {"device": "test"})
+    writer.add(bench.Row("lora", mugraph_us=3.0, ctas=132))
+    assert [r["ctas"] for r in json.loads(path.read_text())["rows"]] == [132]
+    writer.add(bench.Row("gqa", error="boom"))
+    data = json.loads(path.read_text())
+    assert data["device"] == "test" and [r["workload"] for r in data["rows"]] == ["lora", "gqa"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == bench.HEADER and "132" in out[1] and "FAILED: boom" in out[2]
+
+
+def test_clocks_come_from_nvidia_smi_and_a_missing_one_is_said(bench):
+    def fake(argv, **kw):
+        query = argv[1].split("=", 1)[1]
+        if query == "clocks_event_reasons.active":  # an older driver: the older field name
+            return subprocess.CompletedProcess(argv, 2, "", "Field is not a valid field to query.")
+        if query == "clocks_throttle_reasons.active":
+            return subprocess.CompletedProcess(argv, 0, "0x0000000000000004\n", "")
+        return subprocess.CompletedProcess(argv, 0, "1980, 3201, 1980, 3201, 312.5, 41\n", "")
+
+    clocks = bench.gpu_clocks(run=fake)
+    assert clocks["clocks.sm"] == "1980" and clocks["power.draw"] == "312.5"
+    assert clocks["clock_limit_reasons"] == "0x0000000000000004"
+
+    def missing(argv, **kw):
+        raise FileNotFoundError("nvidia-smi")
+    assert "nvidia-smi" in bench.gpu_clocks(run=missing)["error"]
+    assert "unexpected" in bench.parse_clocks("1980, 3201\n")["error"]
+
+
+def test_calibrating_into_a_new_table_leaves_the_table_in_use_alone(bench, tmp_path):
+    from mugraph.codegen import calibration
+    before = calibration.table_path().read_bytes()
+    cal = bench.Calibration(device="Test GPU", target="h200", values={"hbm_efficiency": 0.875})
+    path = bench.write_calibration(cal, tmp_path / "calibration.json")
+    written = json.loads(path.read_text())
+    assert written["h200"]["hbm_efficiency"]["value"] == 0.875
+    assert "Test GPU" in written["h200"]["hbm_efficiency"]["source"]
+    assert calibration.table_path().read_bytes() == before
+
+
+def test_jax_jit_is_timed_by_marks_around_its_own_work(bench):
+    import jax
+    from mugraph.jax_ffi import bracketed
+    w = workloads.get("gated_mlp").small()
+    specs = [jax.ShapeDtypeStruct(s, w.dtype.numpy) for s in w.shapes.values()]
+    text = jax.jit(bracketed(w.fn, 11, 22)).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+    lines = [ln for ln in text.splitlines() if "stablehlo." in ln or "return" in ln]
+    marks = [i for i, ln in enumerate(lines) if "custom_call @mugraph_record_event" in ln]
+    assert len(marks) == 2 and "event = 11" in lines[marks[0]] and "event = 22" in lines[marks[1]]
+    assert "(%arg0, %arg1, %arg2)" in lines[marks[0]]  # the start mark takes every input...
+    work = [ln for ln in lines[marks[0] + 1:marks[1]] if "dot_general" in ln]
+    assert len(work) == 2 and not any("dot_general" in ln for ln in lines[marks[1]:])  # ...the work is between
+    assert all("output_operand_aliases" in lines[i] for i in marks)  # and they move no data
+
+
+def test_the_gpu_check_fits_eight_minutes_with_every_step_bounded():
+    script = BENCH.with_name("gpu_check.sh")
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    plan = subprocess.run(["bash", str(script), "--plan"], capture_output=True, text=True, check=True).stdout
+    total, budget = (int(v) for v in re.search(r"total (\d+) budget (\d+)", plan).groups())
+    assert total <= budget <= 480
+    runs = [ln for ln in script.read_text().splitlines() if re.search(r'"\$PY" (-m pytest|bench/gpu.py)', ln)]
+    assert runs and all("timeout" in ln for ln in runs), runs

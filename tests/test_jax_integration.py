@@ -3,6 +3,8 @@ and the CUDA path's custom call traced and lowered without a GPU."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -97,27 +99,99 @@ def test_graph_function_agrees_with_the_interpreter_on_every_workload_spec():
             assert np.abs(np.asarray(g, np.float32) - e.astype(np.float32)).max() <= 2e-2 * scale, name
 
 
-def test_the_cuda_path_lowers_to_the_mugraph_custom_call_without_a_gpu():
-    w = workloads.get("lora").small()
-    kernel = Kernel(w.reference(), w.spec())
+def _lowered_calls(kernel) -> list[str]:
     f = as_jax(kernel, "cuda", require_device=False)
     specs = [jax.ShapeDtypeStruct(n.shape, n.dtype.numpy) for n in kernel.graph.inputs]
     text = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if "custom_call @mugraph_launch" in line]
-    assert len(calls) == len(kernel.graph.custom_ops())
-    assert 'kernel = "mg_kernel0"' in calls[0] and "params = dense<" in calls[0]
+    return [line for line in text.splitlines() if "stablehlo.custom_call @mugraph_launch" in line]
 
 
-def test_the_ffi_handler_builds_loads_and_registers(tmp_path):
-    from mugraph.jax_ffi import _loads, build_handler, handler_library, register_cubin
+def _attribute(call: str, name: str) -> str:
+    return re.search(rf"\b{name} = (\"[^\"]*\"|dense<[^>]*>|-?\d+)", call).group(1)
+
+
+def test_a_split_plan_lowers_with_its_workspace_as_attributes_not_as_xla_results():
+    from mugraph.codegen import generate
+    w = workloads.get("lora").small()
+    kernel = Kernel(w.reference(), w.spec())
+    plan = generate(kernel.graph, "sm_90").plan
+    workspace = plan.workspace
+    assert [b.role for b in workspace] == ["scratch", "counters"]  # this lora plan splits its loop
+    (call,) = _lowered_calls(kernel)
+    assert "@mugraph_launch_ws(" in call
+    assert call.rstrip().endswith("-> tensor<16x256xf16>")  # one result: the output, no partials
+    assert _attribute(call, "workspace_bytes") == f"dense<{[b.nbytes for b in workspace]}>"
+    assert _attribute(call, "workspace_zero") == "dense<[0, 1]>"  # counters zeroed, partials not
+    assert _attribute(call, "param_kind") == "dense<[0, 0, 0, 0, 1, 2, 2]>"  # 4 operands, 1 result, 2 workspace
+
+
+def test_a_plan_without_workspace_lowers_to_the_command_buffer_compatible_target():
+    w = workloads.get("ntrans").small()
+    kernel = Kernel(w.reference(), w.spec())
+    (call,) = _lowered_calls(kernel)
+    assert "@mugraph_launch(" in call and "workspace" not in call
+    assert _attribute(call, "param_kind") == "dense<[0, 0, 0, 1]>"
+
+
+def test_the_custom_call_names_its_module_by_content_the_same_in_every_process():
+    from mugraph.codegen import generate
+    from mugraph.codegen.compile import compile_cuda
+    from mugraph.jax_ffi import module_name
+    lora, ntrans = (workloads.get(n).small() for n in ("lora", "ntrans"))
+    compiled = compile_cuda(generate(lora.reference(), "sm_90").source, "sm_90", name="mugraph_kernel")
+    want = module_name(compiled.cubin, compiled.ptx)
+    assert want == hashlib.sha256(compiled.cubin + b"\0" + compiled.ptx.encode()).hexdigest()
+    first = _attribute(_lowered_calls(Kernel(lora.reference(), lora.spec()))[0], "module")
+    again = _attribute(_lowered_calls(Kernel(lora.reference(), lora.spec()))[0], "module")
+    other = _attribute(_lowered_calls(Kernel(ntrans.reference(), ntrans.spec()))[0], "module")
+    assert first == again == f'"{want}"' and other != first  # no per-process counter in the call
+
+
+@pytest.fixture(scope="module")
+def real_cubin():
+    from mugraph.codegen.compile import compile_cuda
+    source = 'extern "C" __global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }'
+    return compile_cuda(source, "sm_90", name="scale")
+
+
+def test_the_ffi_handler_accepts_a_real_cubin_and_refuses_anything_else(tmp_path, real_cubin):
+    from mugraph.jax_ffi import (TARGETS, _loads, build_handler, find_module, handler_library,
+                                 module_name, register_module, registry_dir)
     lib = ctypes.CDLL(str(build_handler()))
-    assert lib.MugraphLaunch and lib.mg_register_module
+    for initialize, execute in TARGETS.values():
+        assert getattr(lib, initialize) and getattr(lib, execute)
     garbage = tmp_path / "mugraph_launch-x.so"
     garbage.write_bytes(b"garbage")  # a damaged build counts as missing: it is removed and rebuilt
     assert not _loads(garbage) and not garbage.exists()
-    first = register_cubin(b"\x7fELF not really a cubin")
-    assert register_cubin(b"\x7fELF not really a cubin") == first
-    assert handler_library().mg_module_count() >= 1
+
+    name = register_module(real_cubin.cubin, real_cubin.ptx)
+    assert name == module_name(real_cubin.cubin, real_cubin.ptx)
+    assert register_module(real_cubin.cubin, real_cubin.ptx) == name
+    assert find_module(name) is None  # the handler has it
+    assert (registry_dir() / f"{name}.cubin").read_bytes() == real_cubin.cubin
+    for blob in (b"\x7fELF not really a cubin", real_cubin.cubin[:16], b""):
+        with pytest.raises(InvalidInput, match="not a CUBIN"):
+            register_module(blob)
+    elf_for_x86 = bytearray(real_cubin.cubin)
+    elf_for_x86[18:20] = (62).to_bytes(2, "little")  # EM_X86_64: an ELF, but not for a GPU
+    with pytest.raises(InvalidInput, match="not a CUBIN"):
+        register_module(bytes(elf_for_x86))
+    # the handler's own checks, for callers that skip Python's
+    register = handler_library().mg_register_module
+    assert register(b"0" * 64, bytes(elf_for_x86), len(elf_for_x86), b"", 0) == -2
+    assert register(b"not-a-hash", real_cubin.cubin, len(real_cubin.cubin), b"", 0) == -1
+
+
+def test_a_process_that_never_registered_a_module_loads_it_from_the_registry(real_cubin):
+    from mugraph.jax_ffi import _write_registry, find_module, module_name
+    ptx = real_cubin.ptx + "\n// another module: same CUBIN, other PTX\n"
+    name = module_name(real_cubin.cubin, ptx)
+    missing = hashlib.sha256(b"no such module").hexdigest()
+    why = find_module(missing)
+    assert missing in why and "as_jax('cuda')" in why and "MUGRAPH_CACHE_DIR" in why
+    assert "not a SHA-256" in find_module("42")
+    _write_registry(name, real_cubin.cubin, ptx)  # what another process left in the cache
+    assert find_module(name) is None
 
 
 @pytest.mark.skipif(jax_has_gpu(), reason="checks the no-GPU path")
