@@ -111,7 +111,7 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     from mugraph.search.executors import make_executor
     config = validate(spec, config)
     started = time.monotonic()
-    show = progress if progress is not None else _default_progress(config)
+    show = progress_hook(progress, config)
     canonical, fired = canonicalize(spec)
     indexed, leaves = index_inputs(canonical)   # iotas are inputs of the structure search
     analysis = analyze(indexed)
@@ -473,6 +473,22 @@ def describe(graph: KernelGraph) -> str:
     kernels = [f"grid{bg.grid} forloop {bg.forloop} ({len(bg.nodes) - len(bg.inputs)} block ops)"
                for bg, _ in customs]
     return ", ".join(parts) + (": " + "; ".join(kernels) if kernels else "")
+
+
+def progress_hook(progress, config):
+    """The runner's progress hook from a `progress` argument: a callable
+    (counters, best seconds, elapsed) as given; None or True the default display (a live line,
+    log lines, or none under MUGRAPH_PROGRESS=0); False none."""
+    from mugraph.search.progress import Silent
+    if progress is None or progress is True:
+        return _default_progress(config)
+    if progress is False:
+        return Silent()
+    if not callable(progress):
+        raise SearchError(f"progress={progress!r} is not a callable, True, False or None",
+                          hint="pass progress=False to silence the search, or a function "
+                               "(counters, best_seconds, elapsed)")
+    return progress
 
 
 def _default_progress(config):
