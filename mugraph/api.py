@@ -155,20 +155,32 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
     uses the result cache under `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), a
     folder another one, False searches afresh.
     `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
-    line on a terminal, a log line every few seconds elsewhere); False turns it off."""
-    config = make_config(config, target=target, budget_seconds=budget_seconds)
+    line on a terminal, a log line every few seconds elsewhere); False turns it off.
+    The budget is not in the cache key: a stored search of the same program and config serves
+    when no budget is asked for (here or in `config`) or the one asked for is no larger; a larger
+    one continues the stored search from its checkpoint (the kernel's `origin` says so)."""
+    config_arg, config = config, make_config(config, target=target, budget_seconds=budget_seconds)
     spec, flat = _spec_of(fn_or_graph, example_args)
     if progress is False:
         progress = _silent
     from mugraph.search.cached import cached_search
     store = _store(cache)
     try:
-        answer = cached_search(spec, config, cache=store or False, progress=progress)
+        answer = cached_search(spec, config, cache=store or False, progress=progress,
+                               extend=budget_given(config_arg, budget_seconds))
     except Interrupted as stopped:
         raise Interrupted(str(stopped), _stopped_kernel(stopped.result, spec, config.target,
                                                         flat)) from None
     return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
                   origin=answer.note, cache_key=answer.key, store=store)
+
+
+def budget_given(config, budget_seconds) -> bool:
+    """Whether the caller asked for a budget (then a larger one than a stored search's continues
+    it; without one, any stored result of the same search serves)."""
+    if budget_seconds is not None or (config is not None and not isinstance(config, dict)):
+        return True
+    return isinstance(config, dict) and bool({"budget_seconds", "budget_states"} & set(config))
 
 
 def _stopped_kernel(partial, spec, target: str, flat) -> Kernel:

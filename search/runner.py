@@ -122,7 +122,9 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     executor = executor or make_executor(config.workers)
     ranking = _Ranking(spec, constants, config, indexed, leaves)
     hooks = _Hooks(checkpoint, ranking)
-    deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds)
+    # the budget is the whole search's: a resumed or continued one has spent some of it already
+    deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds) \
+        - hooks.searched_before
     ranking.deadline = deadline
     try:
         counters, stop = _enumerate(problem, executor, started, deadline, show, ranking, hooks)
@@ -206,9 +208,7 @@ class _Hooks:
         self.checkpoint, self.ranking = checkpoint, ranking
         self.start = checkpoint.resume() if checkpoint is not None else None
         self.searched_before = self.start.searched if self.start else 0.0
-        self.resumed_note = (f"resumed from a checkpoint saved "
-                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.start.saved))}"
-                             f" at {self.start.where()}" if self.start else "")
+        self.resumed_note = checkpoint.resume_note() if self.start else ""
         if self.start is not None:
             ranking.candidates[:] = self.start.candidates
             ranking.first_found.update(self.start.first_found)
@@ -263,6 +263,8 @@ def _enumerate(problem, executor, started, deadline, show, ranking, hooks):
             fixed_share = None
             if share < 1:
                 stop = StopReason.STATES
+                hooks.save(started, depth, cap, None, pending, carried, counters, seen,
+                           force=True)  # the round to run: a larger state budget continues here
                 break
             batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
                      for t in pending]
