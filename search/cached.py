@@ -126,8 +126,9 @@ def _from_bucket(store, key, spec, config) -> tuple[Answer | None, str]:
             why = why or f"the structure found for {shapes} does not fit these shapes; "
             continue
         note = (f"re-sized from the structure found for {shapes} (cache entry {old_key[:12]}) "
-                f"by the cost model, without a search; checked at these shapes in "
-                f"{resized.seconds:.2f} s: {'EQUIVALENT' if resized.verification.equivalent else '?'}")
+                f"by the cost model, without a search; checked at these shapes "
+                f"({resized.sampled or 'the whole output'}) in {resized.seconds:.2f} s: "
+                f"{'EQUIVALENT' if resized.verification.equivalent else '?'}")
         result = resized_result(old, spec, resized, config.target, note)
         _remember(store, key, spec, config, result)
         return Answer(result, "resized", note, key), ""

@@ -411,7 +411,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         verification=outcome.verification, config=config.to_json(),
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),
-        unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split,
+        unchecked=outcome.unchecked, unchecked_why=outcome.unchecked_why,
+        simplified=ranking.simplified, split=ranking.split,
         verifier_errors=tuple(ranking.crashes), resumed=resumed)
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
@@ -429,15 +430,16 @@ class _Checked:
     sampled: str | None
     rejected: int = 0
     unchecked: int = 0
+    unchecked_why: str = ""
 
 
 def _check_ranked(spec, ranked, config, deadline) -> _Checked:
     """Check candidates at the real shapes, best first, until one passes; the spec itself needs
     no check and ends the walk. Once the deadline has passed, the rest are not checked (counted
-    as unchecked) and the spec wins: the budget bounds the whole call."""
-    from mugraph.search.final_check import plan
-    from mugraph.verify import check, quick_equivalent
-    kept, rejected, unchecked = [], 0, 0
+    as unchecked) and the spec wins: the budget bounds the whole call. So is a candidate whose
+    check does not fit the memory limit (`ir.memory`), with the reason kept for the report."""
+    from mugraph.ir.errors import ResourceError
+    kept, rejected, unchecked, why = [], 0, 0, []
     verification, sampled = None, None
     for cand in ranked:
         if verification is not None:
@@ -447,19 +449,32 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
             kept.append(cand)
         elif time.monotonic() > deadline:
             unchecked += 1
+            why.append("the budget ran out")
         else:
-            pair = plan(spec, cand.graph)
-            # a cheap exact test first: a structure that fails at the real shapes is not worth
-            # the full check (several float and finite-field runs)
-            report = None
-            if quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
-                report = check(pair.spec, pair.candidate, seed=config.seed)
+            try:
+                report, pair = _check_one(spec, cand.graph, config)
+            except ResourceError as e:
+                unchecked += 1
+                why.append(e.message)
+                continue
             if report is not None and report.equivalent:
                 verification, sampled = report, pair.sampled
                 kept.append(cand)
             else:
                 rejected += 1
-    return _Checked(kept, verification, sampled, rejected, unchecked)
+    return _Checked(kept, verification, sampled, rejected, unchecked, "; ".join(dict.fromkeys(why)))
+
+
+def _check_one(spec, graph, config):
+    """(the check's report or None, the CheckPlan) of one candidate at the real shapes."""
+    from mugraph.search.final_check import plan
+    from mugraph.verify import check, quick_equivalent
+    pair = plan(spec, graph)
+    # a cheap exact test first: a structure that fails at the real shapes is not worth the full
+    # check (several float and finite-field runs)
+    if not quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
+        return None, pair
+    return check(pair.spec, pair.candidate, seed=config.seed), pair
 
 
 def describe(graph: KernelGraph) -> str:
