@@ -53,11 +53,12 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
     """(label -> extent at the reduced instantiation, reduced -> real value of extent constants).
 
     Labels longer than `limit` shrink to `limit` (keeping at least two tiles for a grid split
-    and a loop). A label whose extent some constant depends on (an rms_norm's count, a spec
-    constant 1/n or 1/sqrt(n)) gets a reduced extent whose constants no other constant equals,
-    so each can be told apart and re-derived at the real shapes.
+    and a loop), whatever their extent: one of 10000 or 50257 is searched at 128 like one of
+    4096, and sized back by the cost model. A label whose extent some constant depends on (an
+    rms_norm's count, a spec constant 1/n or 1/sqrt(n)) gets a reduced extent whose constants no
+    other constant equals, so each can be told apart and re-derived at the real shapes.
     """
-    shrinks = lambda lab: lab.extent > limit and lab.extent % limit == 0  # noqa: E731
+    shrinks = lambda lab: lab.extent > limit  # noqa: E731
     bound = extent_constants(spec, analysis, shrinks)
     forms: dict = {}
     for n in spec.nodes:
@@ -72,8 +73,8 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
             extents[lab] = lab.extent
         elif lab in forms:
             lab_forms = sorted(forms[lab], key=lambda f: (f[0], f[1].value))
-            value = next(v for v in range(limit, lab.extent + 1, limit) if lab.extent % v == 0
-                         and not taken & set(_extent_values(lab_forms, v)))
+            value = next((v for v in _reduced_choices(lab.extent, limit)
+                          if not taken & set(_extent_values(lab_forms, v))), lab.extent)
             extents[lab] = value
             for small, real in zip(_extent_values(lab_forms, value),
                                    _extent_values(lab_forms, lab.extent)):
@@ -82,6 +83,14 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
         else:
             extents[lab] = limit
     return extents, rescale
+
+
+def _reduced_choices(extent: int, limit: int):
+    """Reduced extents for a label longer than `limit`, preferred first: the multiples of `limit`
+    that divide it where there are some, else `limit` and up."""
+    if extent % limit == 0:
+        return (v for v in range(limit, extent + 1, limit) if extent % v == 0)
+    return iter(range(limit, extent + 1))
 
 
 def rescaled_shape(labels, extents) -> tuple:
