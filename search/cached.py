@@ -190,8 +190,9 @@ def _stoppable_search(spec, config, progress, executor, checkpoint):
         from mugraph.ir.errors import ResourceError
         raise ResourceError("this machine ran out of memory searching or verifying the program "
                             "at its real shapes",
-                            hint="try a machine with more memory, or superoptimize a smaller "
-                                 "instance of the program") from None
+                            hint="lower MUGRAPH_MEMORY_LIMIT (mugraph then samples or refuses "
+                                 "its checks sooner), try a machine with more memory, or "
+                                 "superoptimize a smaller instance of the program") from None
     if result.report.stop_reason == "interrupted" or request:
         raise Interrupted(*_partial(checkpoint, result, request))
     return result
