@@ -42,7 +42,8 @@ def cached_search(spec, config, *, cache=True, progress=None, executor=None,
             hit, why = _from_bucket(store, key, spec, config)
         if hit is not None:
             return hit
-        why = f"{found.note}; {why}" if found.note else why
+        if found.kind == "search" and found.note:   # a continued search's report says so itself
+            why = f"{found.note}; {why}"
     checkpoint = Checkpointer(store, key, continuing=found.note if found.kind == "continue"
                               else "") if store is not None else None
     result = _stoppable_search(spec, config, progress, executor, checkpoint)
