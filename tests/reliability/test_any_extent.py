@@ -85,3 +85,20 @@ def test_a_long_extent_that_is_no_multiple_of_the_limit_is_searched_reduced():
     result = search(spec, SearchConfig(budget_states=1500, max_kernel_ops=1), progress=False)
     assert result.report.reduced_shapes == {"x": (16, 128), "w": (128, 128)}
     assert result.report.verified > 0 and result.report.verification.equivalent
+
+
+def test_a_concat_axis_is_as_long_as_its_parts_at_the_reduced_shapes():
+    """concat([relu(x), y]) @ w: the concat's parts shrink, so its whole (the matmul's inner dim,
+    w's rows) must shrink to their sum, not to the limit (that crashed: 256 against 128). Where a
+    constant ties the whole (a mean over it), the concat's labels keep their extents."""
+    from mugraph.search import SearchConfig, search
+    for n, reduced in ((150, 128), (256, 128)):
+        args = [S((8, n), jnp.float32), S((8, n), jnp.float32), S((2 * n, 8), jnp.float32)]
+        spec = ir.from_jax(lambda x, y, w: jnp.concatenate([jax.nn.relu(x), y], axis=1) @ w, *args)
+        report = search(spec, SearchConfig(budget_states=400, max_kernel_ops=1), progress=False).report
+        assert report.reduced_shapes == {"x": (8, reduced), "y": (8, reduced), "w": (2 * reduced, 8)}
+        assert report.verification.equivalent
+    mean = ir.from_jax(lambda x, y: jnp.mean(jnp.concatenate([x, y], axis=1), axis=1, keepdims=True),
+                       *[S((8, 256), jnp.float32)] * 2)
+    report = search(mean, SearchConfig(budget_states=400, max_kernel_ops=1), progress=False).report
+    assert report.reduced_shapes == {"x": (8, 256), "y": (8, 256)}
