@@ -95,7 +95,9 @@ class CacheWarning(UserWarning):
 
 class Interrupted(KeyboardInterrupt):
     """A search stopped by Ctrl-C or SIGTERM. A KeyboardInterrupt, so `except Exception` never
-    swallows it; `.result` holds what was found so far (the best verified candidate, or None)."""
+    swallows it. `.result` holds what was found so far: from `superoptimize`, a Kernel (the best
+    structure verified so far, else the spec itself; its `origin` says which); from
+    `search.cached.cached_search`, a `Partial` (the best graph, or None)."""
 
     def __init__(self, message: str, result=None):
         super().__init__(message)

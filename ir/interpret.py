@@ -17,6 +17,7 @@ from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph, InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.node import BNode, KNode
+from mugraph.ir import memory
 from mugraph.ir.ops import BOp, KOp, TOp
 from mugraph.ir.semantics import FLOAT64, OWN_DTYPE
 from mugraph.ir.shapes import mma_dtype
@@ -39,7 +40,13 @@ def interpret(graph, arrays, *, dtype=None, semantics=None) -> list[np.ndarray]:
         return run_block_graph(sem, graph, values)
     if not isinstance(graph, KernelGraph):
         raise InvalidInput(f"interpret takes a KernelGraph or BlockGraph, got {type(graph).__name__}")
+    memory.require(memory.evaluation_bytes([graph], FLOAT64_BYTES),
+                   f"evaluating {memory.describe(graph)} with the reference interpreter",
+                   "evaluate it at smaller shapes (the same program on smaller example arguments)")
     return _run_kernel_graph(sem, graph, arrays)
+
+
+FLOAT64_BYTES = 8   # the reference's values (the finite-field test's are 16: its own check)
 
 
 def _semantics_for(dtype):

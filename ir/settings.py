@@ -6,6 +6,7 @@ tests can set variables with monkeypatch. Re-exported as `mugraph.settings`.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,6 +20,7 @@ class Knob:
     default: object
     parse: Callable[[str], object]
     doc: str
+    parse_default: bool = False   # the default is text parsed at each read (a share of free memory)
 
 
 GPU_TARGETS = ("a100", "h100", "h200")   # the cost model's targets (search/targets.py)
@@ -53,6 +55,29 @@ def _bool(text: str) -> bool:
     raise ValueError(text)
 
 
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+          "tib": 2**40}
+
+
+def _memory(text: str) -> int:
+    """Bytes from "64GB", "512MiB", "2e9", or "50%" (a share of the memory available now)."""
+    t = text.strip().lower()
+    if t.endswith("%"):
+        share = float(t[:-1]) / 100
+        if not 0 < share <= 1:
+            raise ValueError(text)
+        from mugraph.ir.memory import available_bytes
+        return int(share * available_bytes())
+    found = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)", t)
+    if found is None or found.group(2) not in _UNITS:
+        raise ValueError(text)
+    value = float(found.group(1)) * _UNITS[found.group(2)]
+    if not 1 <= value < float("inf"):
+        raise ValueError(text)
+    return int(value)
+
+
 KNOBS = {
     "cache_dir": Knob("MUGRAPH_CACHE_DIR", str(Path.home() / ".cache" / "mugraph"), str,
                       "where mugraph keeps its on-disk caches (compiled kernels, CPU-harness builds)"),
@@ -64,6 +89,11 @@ KNOBS = {
                            "`mugraph search`)"),
     "z3_rlimit": Knob("MUGRAPH_Z3_RLIMIT", 200_000, int,
                       "deterministic Z3 resource limit per query (never wall-clock)"),
+    "memory_limit": Knob("MUGRAPH_MEMORY_LIMIT", "50%", _memory,
+                         "host memory one call may use for checks, sizing and reference runs "
+                         "(64GB, 512MiB, or a share of the memory available: 50%; at least "
+                         "64 MiB); past it a check is sampled or refused with a ResourceError",
+                         parse_default=True),
     "target": Knob("MUGRAPH_TARGET", "h100", _target,
                    "GPU the cost model ranks for when none is given (superoptimize, jit, "
                    "`mugraph search`): a100, h100, h200"),
@@ -79,7 +109,7 @@ class _Settings:
             raise AttributeError(f"no setting {name!r}; known: {', '.join(KNOBS)}")
         raw = os.environ.get(knob.env)
         if raw is None:
-            return knob.default
+            return knob.parse(knob.default) if knob.parse_default else knob.default
         try:
             return knob.parse(raw)
         except ValueError:

@@ -11,7 +11,7 @@ import numpy as np
 
 from mugraph import ir
 from mugraph.ir import KernelGraph
-from mugraph.ir.errors import InvalidInput, MugraphError
+from mugraph.ir.errors import Interrupted, InvalidInput, MugraphError
 
 
 class Kernel:
@@ -155,16 +155,43 @@ def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = 
     uses the result cache under `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), a
     folder another one, False searches afresh.
     `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
-    line on a terminal, a log line every few seconds elsewhere); False turns it off."""
-    config = make_config(config, target=target, budget_seconds=budget_seconds)
+    line on a terminal, a log line every few seconds elsewhere); False turns it off.
+    The budget is not in the cache key: a stored search of the same program and config serves
+    when no budget is asked for (here or in `config`) or the one asked for is no larger; a larger
+    one continues the stored search from its checkpoint (the kernel's `origin` says so)."""
+    config_arg, config = config, make_config(config, target=target, budget_seconds=budget_seconds)
     spec, flat = _spec_of(fn_or_graph, example_args)
     if progress is False:
         progress = _silent
     from mugraph.search.cached import cached_search
     store = _store(cache)
-    answer = cached_search(spec, config, cache=store or False, progress=progress)
+    try:
+        answer = cached_search(spec, config, cache=store or False, progress=progress,
+                               extend=budget_given(config_arg, budget_seconds))
+    except Interrupted as stopped:
+        raise Interrupted(str(stopped), _stopped_kernel(stopped.result, spec, config.target,
+                                                        flat)) from None
     return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
                   origin=answer.note, cache_key=answer.key, store=store)
+
+
+def budget_given(config, budget_seconds) -> bool:
+    """Whether the caller asked for a budget (then a larger one than a stored search's continues
+    it; without one, any stored result of the same search serves)."""
+    if budget_seconds is not None or (config is not None and not isinstance(config, dict)):
+        return True
+    return isinstance(config, dict) and bool({"budget_seconds", "budget_states"} & set(config))
+
+
+def _stopped_kernel(partial, spec, target: str, flat) -> Kernel:
+    """The Kernel a stopped search leaves: its best structure verified so far (finite-field test
+    at the reduced shapes, not checked at the real shapes), else the spec itself; `origin` says
+    which and how far the search came."""
+    if partial is not None and partial.best is not None:
+        return Kernel(partial.best, spec, None, target, fn=flat, origin=partial.note)
+    note = partial.note if partial is not None else "search stopped"
+    return Kernel(spec, spec, None, target, fn=flat,
+                  origin=f"{note}; nothing verified yet, so this kernel is the spec itself")
 
 
 def _store(cache):
@@ -332,9 +359,18 @@ def load_function(spec: str):
     fn = getattr(module, name, None)
     if not callable(fn):
         raise InvalidInput(f"{path} has no function {name!r}")
-    args = getattr(module, f"{name}_args", None) or getattr(module, "EXAMPLE_ARGS", None)
+    where = f"{name}_args" if getattr(module, f"{name}_args", None) is not None else "EXAMPLE_ARGS"
+    args = getattr(module, where, None)
+    example = f"e.g. {name}_args = [jax.ShapeDtypeStruct((16, 64), jnp.float16)]"
     if args is None:
         raise InvalidInput(f"{path} must define {name}_args (or EXAMPLE_ARGS): the example "
-                           "arguments to trace it with",
-                           hint=f"e.g. {name}_args = [jax.ShapeDtypeStruct((16, 64), jnp.float16)]")
+                           "arguments to trace it with", hint=example)
+    if not isinstance(args, (list, tuple)):
+        raise InvalidInput(f"{path}: {where} = {_short(args)} is a {type(args).__name__}, not a "
+                           f"list of example arguments", hint=example)
     return fn, list(args)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

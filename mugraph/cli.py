@@ -105,11 +105,13 @@ def cmd_search(args) -> int:
     print(f"== {name}: the spec ==")
     print(spec)
     executor = make_executor(config.workers, args.executor, args.scheduler)
-    _say_if_resuming(spec, config, args.no_cache)
+    extend = args.budget is not None
+    _say_if_resuming(spec, config, args.no_cache, extend)
     print(f"\n== searching ({config.budget_seconds:.0f} s budget, target {config.target}, "
           f"{executor.name} executor) ==")
     try:
-        answer = cached_search(spec, config, cache=not args.no_cache, executor=executor)
+        answer = cached_search(spec, config, cache=not args.no_cache, executor=executor,
+                               extend=extend)
     finally:
         executor.close()
     result = answer.result
@@ -137,17 +139,24 @@ def _write_svg(graph, path: str, name: str) -> None:
     print(f"\nwrote the picture to {path}")
 
 
-def _say_if_resuming(spec, config, no_cache: bool) -> None:
-    """One line when a stopped run of the same search left a checkpoint to resume from."""
+def _say_if_resuming(spec, config, no_cache: bool, extend: bool) -> None:
+    """One line when a stopped run of the same search left a checkpoint to resume from, or a
+    stored search is continued with a larger budget."""
     if no_cache:
         return
     import time
     from mugraph.search.cache import ResultCache, search_key
-    row = ResultCache().checkpoint(search_key(spec, config))
-    if row is not None:
+    from mugraph.search.cached import lookup
+    store = ResultCache()
+    key = search_key(spec, config)
+    found = lookup(store, key, config, extend)
+    row = store.checkpoint(key)
+    if found.kind == "resume" and row is not None:
         saved, _, note = row
         print(f"\n== resuming the search stopped at {time.strftime('%H:%M:%S', time.localtime(saved))}"
               f" ({note}) ==")
+    elif found.kind == "continue":
+        print(f"\n== {found.note} ==")
 
 
 def _search_config(args):
@@ -202,8 +211,11 @@ def cmd_cache(args) -> int:
             when = _when(e.created)
             stop = _report_line(e.summary, "stop reason:").split(" after")[0]
             print(f"  {e.key[:12]}  {when}  {e.target:<5} {e.inputs}  {stop}")
+        stored = {e.key for e in entries}
         for key, saved, note in cache.checkpoints():
-            print(f"  checkpoint {key[:12]}  {_when(saved)}  {note}")
+            # a stored search its budget stopped keeps its checkpoint: a larger budget continues it
+            what = "continuable" if key in stored else "checkpoint"
+            print(f"  {what} {key[:12]}  {_when(saved)}  {note}")
         return 0
     if args.action == "show":
         if not args.key:

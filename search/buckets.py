@@ -59,13 +59,17 @@ class Resized:
     estimate: object
     verification: object
     seconds: float
+    sampled: str | None = None     # what the check ran on when not the whole output
 
 
 def resize_winner(old_spec, old_graph, new_spec, target: str, seed: int = 0) -> Resized | None:
     """`old_graph` (a winner for `old_spec`) sized for `new_spec` by the cost model and checked
-    against it (the full check a search gives its winner); None when the specs are not the same
-    program up to shapes, when no sizing fits, or when no sizing passes."""
+    against it (the check a search gives its winner, bounded in time and memory by sampling
+    output blocks: `final_check.plan`); None when the specs are not the same program up to
+    shapes, when no sizing fits, or when no sizing passes or can be checked."""
+    from mugraph.ir.errors import ResourceError
     from mugraph.search.cost import estimate, estimate_floor, fits
+    from mugraph.search.final_check import plan
     from mugraph.search.sizing import size_structure
     from mugraph.verify import check, quick_equivalent
     start = time.perf_counter()
@@ -76,10 +80,14 @@ def resize_winner(old_spec, old_graph, new_spec, target: str, seed: int = 0) -> 
                            lambda g: fits(g, target), estimate_floor) if old_graph.custom_ops() else \
         _library_only(old_graph, new_spec, target)
     for est, graph in sized:
-        if quick_equivalent(new_spec, graph, seed=seed):
-            report = check(new_spec, graph, seed=seed)
+        try:
+            pair = plan(new_spec, graph)
+        except ResourceError:       # its check does not fit the memory limit: search instead
+            return None
+        if quick_equivalent(pair.spec, pair.candidate, seed=seed):
+            report = check(pair.spec, pair.candidate, seed=seed)
             if report.equivalent:
-                return Resized(graph, est, report, time.perf_counter() - start)
+                return Resized(graph, est, report, time.perf_counter() - start, pair.sampled)
     return None
 
 

@@ -1,8 +1,10 @@
 """The result cache: finished searches and search checkpoints in one SQLite file (WAL journal, so
 several processes may read and write it at once), keyed by everything that affects the answer.
 
-Key: the spec's structural hash, the search config (all but `workers`), the target, mugraph's
-version and source digest, and the toolchain's versions. Value: the winner's graph JSON, the
+Key: the spec's structural hash, the search config (all but `workers` and the budgets, which say
+how long to look, not what for: `search.cached` decides whether a stored search serves another
+budget or is continued), the target, mugraph's version and source digest, and the toolchain's
+versions. Value: the winner's graph JSON, the
 pickled search result (report and ranked candidates), the report text, and the generated CUDA and
 CUBIN per arch. A caller re-verifies an entry before trusting it (`search.cached`); an entry that
 cannot be read is reported once (CacheWarning) and rebuilt; a damaged database file is moved aside.
@@ -14,6 +16,7 @@ import hashlib
 import importlib.metadata
 import json
 import pickle
+import re
 import sqlite3
 import threading
 import time
@@ -57,6 +60,18 @@ class Entry:
     result: bytes       # the pickled SearchResult
     summary: str        # the report text
 
+    @property
+    def stop_reason(self) -> str:
+        """Why the stored search stopped (exhausted, time, states, ...), from its report."""
+        found = re.match(r"stop reason: (.+?) after", self.summary)
+        return found.group(1) if found else ""
+
+    @property
+    def budget(self) -> tuple[float, int]:
+        """(budget_seconds, budget_states) the stored search ran under."""
+        config = json.loads(self.config)
+        return config["budget_seconds"], config["budget_states"]
+
 
 class CorruptEntry(Exception):
     """An entry that cannot be used as stored (unreadable, or not what its key says)."""
@@ -91,21 +106,31 @@ def _version(package: str) -> str:
         return "none"
 
 
+# Config fields that are not in the key: executors agree on the answer, and the budgets bound how
+# long a search looks, not what it looks for (a stored search serves an equal or smaller budget,
+# and a larger one continues it: search/cached.py).
+NOT_IN_KEY = ("workers", "budget_seconds", "budget_states")
+
+
+def _key_config(config) -> dict:
+    settings = json.loads(config.to_json())
+    for name in NOT_IN_KEY:
+        settings.pop(name, None)
+    return settings
+
+
 def bucket_key(spec, config) -> str:
     """The key of a shape bucket: the same as `search_key` with the spec's extents left out."""
     from mugraph.search.buckets import structure_digest
-    settings = json.loads(config.to_json())
-    settings.pop("workers", None)
-    text = json.dumps({"schema": SCHEMA, "structure": structure_digest(spec), "config": settings,
-                       "target": config.target, "versions": versions()}, sort_keys=True)
+    text = json.dumps({"schema": SCHEMA, "structure": structure_digest(spec),
+                       "config": _key_config(config), "target": config.target,
+                       "versions": versions()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def search_key(spec, config) -> str:
-    """The cache key of searching `spec` under `config` (workers excluded: executors agree)."""
-    settings = json.loads(config.to_json())
-    settings.pop("workers", None)
-    text = json.dumps({"schema": SCHEMA, "spec": spec.digest(), "config": settings,
+    """The cache key of searching `spec` under `config` (without the fields in NOT_IN_KEY)."""
+    text = json.dumps({"schema": SCHEMA, "spec": spec.digest(), "config": _key_config(config),
                        "target": config.target, "versions": versions()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

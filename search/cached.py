@@ -19,10 +19,14 @@ class Answer:
     key: str | None = None
 
 
-def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> Answer:
+def cached_search(spec, config, *, cache=True, progress=None, executor=None,
+                  extend: bool = True) -> Answer:
     """`search(spec, config)` through the cache (`cache`: True for the default one, a
     ResultCache, or False/None for none), resumable and stoppable.
 
+    The budget is not in the key: a stored search serves an equal or smaller budget, and one that
+    its budget stopped (time, states) is continued from its checkpoint when `config` gives it
+    more (`extend`; False, for a budget nobody asked for, lets any stored search serve).
     The search saves checkpoints under its key; a run of the same search resumes from one.
     Ctrl-C or SIGTERM stops it within a second: `Interrupted` (a KeyboardInterrupt) is raised
     with the best structure verified so far as `.result` (a `Partial`) and the checkpoint kept."""
@@ -30,21 +34,66 @@ def cached_search(spec, config, *, cache=True, progress=None, executor=None) -> 
     check_memory(spec, config.target)
     store = ResultCache() if cache is True else (cache or None)
     key = search_key(spec, config) if store is not None else None
-    why = ""
+    found, why = Lookup("search"), ""
     if store is not None:
-        hit = _from_cache(store, key, spec, config)
-        if hit is None and store.checkpoint(key) is None:  # a stopped search resumes instead
+        found = lookup(store, key, config, extend)
+        hit = _from_cache(store, found.entry, spec, config) if found.kind == "stored" else None
+        if hit is None and found.kind == "search" and found.entry is None:
             hit, why = _from_bucket(store, key, spec, config)
         if hit is not None:
             return hit
-    checkpoint = Checkpointer(store, key) if store is not None else None
+        if found.kind == "search" and found.note:   # a continued search's report says so itself
+            why = f"{found.note}; {why}"
+    checkpoint = Checkpointer(store, key, continuing=found.note if found.kind == "continue"
+                              else "") if store is not None else None
     result = _stoppable_search(spec, config, progress, executor, checkpoint)
     if store is None:
         return Answer(result, "search", "searched (no cache)")
     _remember(store, key, spec, config, result)
-    checkpoint.drop()
+    if result.report.stop_reason not in CONTINUABLE:
+        checkpoint.drop()       # kept otherwise: a larger budget continues from it
     note = result.report.resumed + "; " if result.report.resumed else ""
     return Answer(result, "search", f"{note}{why}searched; stored as cache entry {key[:12]}", key)
+
+
+# the stop reasons of a search that more budget would take further
+CONTINUABLE = ("time", "states")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What a search finds under its key: "stored" (a result that serves it), "continue" (a
+    stored search its budget stopped, to go on from its checkpoint), "resume" (the checkpoint of
+    a stopped run), or "search" (nothing to take up); `note` says why, for the report."""
+
+    kind: str
+    entry: object = None    # cache.Entry
+    note: str = ""
+
+
+def lookup(store, key: str, config, extend: bool = True) -> Lookup:
+    """How `config`'s search takes up what the cache holds under `key` (see `cached_search`)."""
+    entry, checkpoint = store.load(key), store.checkpoint(key)
+    if entry is None:
+        return Lookup("resume" if checkpoint is not None else "search")
+    if not (extend and _wants_more(entry, config)):
+        return Lookup("stored", entry)
+    seconds, states = entry.budget
+    stored = (f"the stored search {entry.key[:12]} (stopped by {entry.stop_reason} at a budget "
+              f"of {seconds:g} s, {states} states)")
+    if checkpoint is None:
+        return Lookup("search", entry, f"{stored} left no checkpoint to continue from; searched "
+                                       f"afresh with the larger budget")
+    return Lookup("continue", entry, f"continued {stored} to {config.budget_seconds:g} s, "
+                                     f"{config.budget_states} states")
+
+
+def _wants_more(entry, config) -> bool:
+    """Whether `config` raises the budget that stopped the stored search."""
+    seconds, states = entry.budget
+    stop = entry.stop_reason
+    return (stop == "time" and config.budget_seconds > seconds) or \
+        (stop == "states" and config.budget_states > states)
 
 
 def _remember(store, key, spec, config, result) -> None:
@@ -78,8 +127,9 @@ def _from_bucket(store, key, spec, config) -> tuple[Answer | None, str]:
             why = why or f"the structure found for {shapes} does not fit these shapes; "
             continue
         note = (f"re-sized from the structure found for {shapes} (cache entry {old_key[:12]}) "
-                f"by the cost model, without a search; checked at these shapes in "
-                f"{resized.seconds:.2f} s: {'EQUIVALENT' if resized.verification.equivalent else '?'}")
+                f"by the cost model, without a search; checked at these shapes "
+                f"({resized.sampled or 'the whole output'}) in {resized.seconds:.2f} s: "
+                f"{'EQUIVALENT' if resized.verification.equivalent else '?'}")
         result = resized_result(old, spec, resized, config.target, note)
         _remember(store, key, spec, config, result)
         return Answer(result, "resized", note, key), ""
@@ -141,8 +191,9 @@ def _stoppable_search(spec, config, progress, executor, checkpoint):
         from mugraph.ir.errors import ResourceError
         raise ResourceError("this machine ran out of memory searching or verifying the program "
                             "at its real shapes",
-                            hint="try a machine with more memory, or superoptimize a smaller "
-                                 "instance of the program") from None
+                            hint="lower MUGRAPH_MEMORY_LIMIT (mugraph then samples or refuses "
+                                 "its checks sooner), try a machine with more memory, or "
+                                 "superoptimize a smaller instance of the program") from None
     if result.report.stop_reason == "interrupted" or request:
         raise Interrupted(*_partial(checkpoint, result, request))
     return result
@@ -168,10 +219,8 @@ def _partial(checkpoint, result, request) -> tuple[str, Partial]:
     return message, Partial(best, est, message)
 
 
-def _from_cache(store: ResultCache, key: str, spec, config) -> Answer | None:
-    entry = store.load(key)
-    if entry is None:
-        return None
+def _from_cache(store: ResultCache, entry, spec, config) -> Answer | None:
+    key = entry.key
     start = time.perf_counter()
     try:
         result = read_entry(entry, spec)
@@ -185,8 +234,15 @@ def _from_cache(store: ResultCache, key: str, spec, config) -> Answer | None:
         return None
     seconds = time.perf_counter() - start
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
-    return Answer(result, "cache", f"from cache entry {key[:12]} (stored {when}), re-verified by "
-                                   f"a fresh finite-field test {how} in {seconds:.2f} s", key)
+    return Answer(result, "cache", f"from cache entry {key[:12]} (stored {when}{_budget_of(entry)}"
+                                   f"), re-verified by a fresh finite-field test {how} in "
+                                   f"{seconds:.2f} s", key)
+
+
+def _budget_of(entry) -> str:
+    """", a 60 s search stopped by time", for the origin line of a cache answer."""
+    seconds, states = entry.budget
+    return f", a {seconds:g} s / {states} state search stopped by {entry.stop_reason}"
 
 
 def reverify(spec, graph, config) -> str | None:

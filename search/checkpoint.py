@@ -43,8 +43,9 @@ class Checkpointer:
     """Saves a search's state under its cache key at most every `every` seconds (and when it
     stops); `resume()` gives the state a previous run left."""
 
-    def __init__(self, store, key: str, every: float = 1.0):
+    def __init__(self, store, key: str, every: float = 1.0, continuing: str = ""):
         self.store, self.key, self.every = store, key, every
+        self.continuing = continuing    # what a larger budget continues (search.cached.lookup)
         self.latest: SearchState | None = None
         self.resumed: SearchState | None = None
         self._last = 0.0
@@ -64,6 +65,16 @@ class Checkpointer:
             return None
         self.resumed = self.latest = state
         return state
+
+    def resume_note(self) -> str:
+        """One line for the report: where the resumed (or continued) search took up."""
+        state = self.resumed
+        if state is None:
+            return ""
+        saved = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(state.saved))
+        if self.continuing:
+            return f"{self.continuing}, from its checkpoint saved {saved} at {state.where()}"
+        return f"resumed from a checkpoint saved {saved} at {state.where()}"
 
     def save(self, state: SearchState, force: bool = False) -> None:
         self.latest = state

@@ -41,20 +41,10 @@ class SearchConfig:
         for f in fields(self):
             value = _check_number(f.name, f.type, getattr(self, f.name))
             object.__setattr__(self, f.name, value)
-        for name in ("kernel_ops", "block_ops"):
-            if isinstance(getattr(self, name), str):
-                raise SearchError(f"SearchConfig.{name}={getattr(self, name)!r} is one string",
-                                  hint=f"give a list of op names, e.g. {name}=['matmul', 'exp']")
+        for name, enums in (("kernel_ops", (KOp, TOp)), ("block_ops", (BOp, TOp))):
+            object.__setattr__(self, name, _op_set(name, getattr(self, name), enums))
         if self.target not in TARGETS:
             raise SearchError(f"unknown target {self.target!r}", hint=f"one of {', '.join(TARGETS)}")
-        for name in self.kernel_ops:
-            if not _known(name, (KOp, TOp)):
-                raise SearchError(f"unknown kernel op {name!r} in SearchConfig.kernel_ops")
-        for name in self.block_ops:
-            if not _known(name, (BOp, TOp)):
-                raise SearchError(f"unknown block op {name!r} in SearchConfig.block_ops")
-        object.__setattr__(self, "kernel_ops", tuple(self.kernel_ops))
-        object.__setattr__(self, "block_ops", tuple(self.block_ops))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -77,6 +67,19 @@ class SearchConfig:
         return SearchConfig(**(asdict(self) | changes))
 
 
+def _op_set(field: str, names, enums) -> tuple[str, ...]:
+    """The op names as a sorted tuple without repeats: a set, so that configs that allow the same
+    ops are equal (and share a cache key) whatever order they list them in."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple, set, frozenset)):
+        what = "one string" if isinstance(names, str) else "not a list of op names"
+        raise SearchError(f"SearchConfig.{field}={names!r} is {what}",
+                          hint=f"give a list of op names, e.g. {field}=['matmul', 'exp']")
+    for name in names:
+        if not isinstance(name, str) or not _known(name, enums):
+            raise SearchError(f"unknown {field.split('_')[0]} op {name!r} in SearchConfig.{field}")
+    return tuple(sorted(set(names)))
+
+
 # the smallest value of each numeric field that still describes a search (default 1)
 _MINIMUM = {"max_custom_ops": 0, "seed": 0, "reduced_extent": 2}
 
@@ -96,7 +99,7 @@ def _check_number(name: str, kind: str, value):
         default = SearchConfig.__dataclass_fields__[name].default
         raise SearchError(f"SearchConfig.{name}={value!r} must be {what}",
                           hint=f"e.g. SearchConfig({name}={default!r})")
-    return value
+    return float(value) if kind == "float" else value   # 30 and 30.0: one config, one cache key
 
 
 def _known(name: str, enums) -> bool:

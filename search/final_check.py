@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mugraph.ir import KernelGraph
+from mugraph.ir import KernelGraph, memory
 from mugraph.ir.ops import BOp, KOp, TOp
 from mugraph.search.instantiate import reinstantiate_spec, resize
 from mugraph.search.labels import analyze
@@ -70,25 +70,48 @@ def _node_work(node) -> int:
 
 def plan(spec: KernelGraph, candidate: KernelGraph, cap: int = WORK_CAP) -> CheckPlan:
     """The whole pair when it is cheap or cannot be sampled, else the largest sample (halving
-    the longest parallel index first, then reduced ones) whose check costs at most `cap`."""
-    if _pair_work(spec, candidate) <= cap or not _sampleable(spec):
-        return CheckPlan(spec, candidate, None)
+    the longest parallel index first, then reduced ones) whose check costs at most `cap` and
+    fits the memory limit (`ir.memory`). A ResourceError when no such sample exists and the
+    whole pair does not fit the memory limit: the candidate cannot be checked here."""
+    too_big = lambda pair: _pair_work(*pair) > cap or not memory.fits(check_bytes(*pair))  # noqa: E731
+    if not too_big((spec, candidate)) or not _sampleable(spec):
+        return _fitting(CheckPlan(spec, candidate, None))
     indexed, leaves = index_inputs(spec)
     with_inputs = _iotas_as_inputs(candidate, leaves, indexed)
     analysis = analyze(indexed)
     extents = {lab: lab.extent for lab in analysis.labels}
     pair = None
     for labels in (analysis.parallel - analysis.reduced, _loop_cuttable(analysis, spec, candidate)):
-        while pair is None or _pair_work(*pair) > cap:
+        while pair is None or too_big(pair):
             step = _halve_one(indexed, with_inputs, analysis, extents, labels)
             if step is None:
                 break
             extents, pair = step
     if pair is None:
-        return CheckPlan(spec, candidate, None)
+        return _fitting(CheckPlan(spec, candidate, None))
     small_spec, small_cand = (restore(g, leaves, _real_inputs(pair[0], spec)) for g in pair)
     cut_loops = {lab: extents[lab] for lab in analysis.reduced if extents[lab] != lab.extent}
-    return CheckPlan(small_spec, small_cand, _describe(spec, small_spec, cut_loops))
+    return _fitting(CheckPlan(small_spec, small_cand, _describe(spec, small_spec, cut_loops)))
+
+
+FIELD_BYTES, FLOAT_BYTES = 16, 8    # per element: a field value with its exponent; a float64
+
+
+def check_bytes(spec: KernelGraph, candidate: KernelGraph) -> int:
+    """Host memory `verify.check` takes on the pair: the larger of its finite-field test and its
+    float test (the spec twice, as float64 reference and in its own dtypes, and the candidate)."""
+    return max(memory.evaluation_bytes([spec, candidate], FIELD_BYTES),
+               memory.evaluation_bytes([spec, spec, candidate], FLOAT_BYTES))
+
+
+def _fitting(checked: CheckPlan) -> CheckPlan:
+    what = "the check at the real shapes" if checked.sampled is None else \
+        "the check of the smallest sample of output blocks"
+    memory.require(check_bytes(checked.spec, checked.candidate),
+                   f"{what} of {memory.describe(checked.spec)}",
+                   "superoptimize a smaller instance of the program (its structure re-sizes to "
+                   "these shapes)")
+    return checked
 
 
 _IMPLICIT_MEANS = frozenset({KOp.RMS_NORM, BOp.RMS_NORM, BOp.ACC_RMS_LAST})

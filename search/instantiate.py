@@ -12,7 +12,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BOp, KOp
 from mugraph.search.labels import UNIT_DIM, LabelAnalysis
 from mugraph.ir.thread import map_constants
-from mugraph.search.views import resized_view
+from mugraph.search.views import resized_view, same_extents
 
 
 # Shape-derived constants: a spec constant equal to one of these functions of a label's extent
@@ -53,11 +53,24 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
     """(label -> extent at the reduced instantiation, reduced -> real value of extent constants).
 
     Labels longer than `limit` shrink to `limit` (keeping at least two tiles for a grid split
-    and a loop). A label whose extent some constant depends on (an rms_norm's count, a spec
-    constant 1/n or 1/sqrt(n)) gets a reduced extent whose constants no other constant equals,
-    so each can be told apart and re-derived at the real shapes.
+    and a loop), whatever their extent: one of 10000 or 50257 is searched at 128 like one of
+    4096, and sized back by the cost model. A label whose extent some constant depends on (an
+    rms_norm's count, a spec constant 1/n or 1/sqrt(n)) gets a reduced extent whose constants no
+    other constant equals, so each can be told apart and re-derived at the real shapes. A
+    concat's axis is as long as its parts there too; where that cannot hold (its whole is tied
+    to a constant), the concat's labels keep their extents, as do the dims a reshape splits or
+    merges.
     """
-    shrinks = lambda lab: lab.extent > limit and lab.extent % limit == 0  # noqa: E731
+    fixed = reshaped_labels(spec, analysis)
+    extents, rescale = _shrunk(analysis, spec, limit, fixed)
+    if not all(total == extents[out] for out, total in _concat_axes(spec, analysis, extents)):
+        extents, rescale = _shrunk(analysis, spec, limit, fixed | concat_labels(spec, analysis))
+    return extents, rescale
+
+
+def _shrunk(analysis, spec, limit: int, fixed: frozenset) -> tuple[dict, dict]:
+    """`reduced_extents` with the labels in `fixed` kept at their extents."""
+    shrinks = lambda lab: lab.extent > limit and lab not in fixed  # noqa: E731
     bound = extent_constants(spec, analysis, shrinks)
     forms: dict = {}
     for n in spec.nodes:
@@ -72,8 +85,8 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
             extents[lab] = lab.extent
         elif lab in forms:
             lab_forms = sorted(forms[lab], key=lambda f: (f[0], f[1].value))
-            value = next(v for v in range(limit, lab.extent + 1, limit) if lab.extent % v == 0
-                         and not taken & set(_extent_values(lab_forms, v)))
+            value = next((v for v in _reduced_choices(lab.extent, limit)
+                          if not taken & set(_extent_values(lab_forms, v))), lab.extent)
             extents[lab] = value
             for small, real in zip(_extent_values(lab_forms, value),
                                    _extent_values(lab_forms, lab.extent)):
@@ -81,7 +94,42 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
                 rescale[small] = real
         else:
             extents[lab] = limit
+    for out, total in _concat_axes(spec, analysis, extents):
+        if out not in forms and out not in fixed:
+            extents[out] = total       # the whole is its parts (in program order: nested too)
     return extents, rescale
+
+
+def _concat_axes(spec, analysis, extents):
+    """(the label of each concat's axis, the sum of its parts' extents under `extents`)."""
+    for node in spec.nodes:
+        if node.op is KOp.CONCAT and node.shape[node.arg] > 1:
+            parts = [analysis.of(s)[node.arg] for s in node.srcs]
+            yield analysis.of(node)[node.arg].outer, sum(
+                1 if p is UNIT_DIM else _extent(p, extents) for p in parts)
+
+
+def concat_labels(spec: KernelGraph, analysis: LabelAnalysis) -> frozenset:
+    """The labels of every concat's axis, the whole's and its parts'."""
+    return frozenset(analysis.of(n)[node.arg].outer for node in spec.nodes
+                     if node.op is KOp.CONCAT for n in (node, *node.srcs)
+                     if n.shape[node.arg] > 1)
+
+
+def reshaped_labels(spec: KernelGraph, analysis: LabelAnalysis) -> frozenset:
+    """The labels of the dims a reshape splits or merges: their extents are tied by a product
+    that shrinking one alone would break."""
+    return frozenset(analysis.of(n)[d].outer for node in spec.nodes
+                     if node.op is KOp.RESHAPE and not same_extents(node.shape, node.srcs[0].shape)
+                     for n in (node, node.srcs[0]) for d in range(n.rank) if n.shape[d] > 1)
+
+
+def _reduced_choices(extent: int, limit: int):
+    """Reduced extents for a label longer than `limit`, preferred first: the multiples of `limit`
+    that divide it where there are some, else `limit` and up."""
+    if extent % limit == 0:
+        return (v for v in range(limit, extent + 1, limit) if extent % v == 0)
+    return iter(range(limit, extent + 1))
 
 
 def rescaled_shape(labels, extents) -> tuple:

@@ -274,7 +274,13 @@ class KernelEnumerator:
                 yield closed
             return
         found, last = [], counters.states
-        for closed in BlockEnumerator(self.ctx, srcs, sk, reduced_sizes(sk), goal).run():
+        try:
+            blocks = BlockEnumerator(self.ctx, srcs, sk, reduced_sizes(sk), goal)
+        except InvalidGraph:    # tiles that do not divide: a pruned skeleton, never a user's error
+            counters.pruned[Reject.SHAPE.value] += 1
+            self.block_cache[key] = [(0, None)]
+            return
+        for closed in blocks.run():
             found.append((counters.states - last, closed))
             yield closed
             last = counters.states      # the consumer's own states are not this enumeration's

@@ -39,12 +39,13 @@ class SearchReport:
     best_found_seconds: float | None = None   # when the winner's structure was first found
     best_found_states: int | None = None      # ... and after how many states
     final_check: str = ""          # what the check at the real shapes ran on (whole or sampled)
-    unchecked: int = 0             # candidates not checked at the real shapes: no time was left
+    unchecked: int = 0             # candidates not checked at the real shapes (why: below)
     simplified: int = 0            # structures the simplifier made smaller (re-verified)
     split: int = 0                 # split-K / split-KV structures derived and verified
     verifier_errors: tuple = ()    # candidates the verifier could not run (rejected), messages
     resumed: str = ""                         # where a resumed search took up (checkpoint)
     resized: str = ""                         # a winner re-sized from another shape's search
+    unchecked_why: str = ""        # no time was left, or the check did not fit the memory limit
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -73,8 +74,8 @@ class SearchReport:
             lines.append(f"rejected because the verifier could not run them: "
                          f"{len(self.verifier_errors)} (first: {self.verifier_errors[0]})")
         if self.unchecked:
-            lines.append(f"not checked at the real shapes (the budget ran out): "
-                         f"{self.unchecked} candidates")
+            why = self.unchecked_why or "the budget ran out"
+            lines.append(f"not checked at the real shapes ({why}): {self.unchecked} candidates")
         if self.resumed:
             lines.append(self.resumed)
         if self.resized:

@@ -111,7 +111,7 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     from mugraph.search.executors import make_executor
     config = validate(spec, config)
     started = time.monotonic()
-    show = progress if progress is not None else _default_progress(config)
+    show = progress_hook(progress, config)
     canonical, fired = canonicalize(spec)
     indexed, leaves = index_inputs(canonical)   # iotas are inputs of the structure search
     analysis = analyze(indexed)
@@ -122,7 +122,9 @@ def search(spec: KernelGraph, config: SearchConfig | None = None, *, progress=No
     executor = executor or make_executor(config.workers)
     ranking = _Ranking(spec, constants, config, indexed, leaves)
     hooks = _Hooks(checkpoint, ranking)
-    deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds)
+    # the budget is the whole search's: a resumed or continued one has spent some of it already
+    deadline = started + config.budget_seconds - finish_reserve(config.budget_seconds) \
+        - hooks.searched_before
     ranking.deadline = deadline
     try:
         counters, stop = _enumerate(problem, executor, started, deadline, show, ranking, hooks)
@@ -206,9 +208,7 @@ class _Hooks:
         self.checkpoint, self.ranking = checkpoint, ranking
         self.start = checkpoint.resume() if checkpoint is not None else None
         self.searched_before = self.start.searched if self.start else 0.0
-        self.resumed_note = (f"resumed from a checkpoint saved "
-                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.start.saved))}"
-                             f" at {self.start.where()}" if self.start else "")
+        self.resumed_note = checkpoint.resume_note() if self.start else ""
         if self.start is not None:
             ranking.candidates[:] = self.start.candidates
             ranking.first_found.update(self.start.first_found)
@@ -263,6 +263,8 @@ def _enumerate(problem, executor, started, deadline, show, ranking, hooks):
             fixed_share = None
             if share < 1:
                 stop = StopReason.STATES
+                hooks.save(started, depth, cap, None, pending, carried, counters, seen,
+                           force=True)  # the round to run: a larger state budget continues here
                 break
             batch = [(problem, depth, t, deadline, config.budget_states, min(cap, share))
                      for t in pending]
@@ -409,7 +411,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         verification=outcome.verification, config=config.to_json(),
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),
-        unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split,
+        unchecked=outcome.unchecked, unchecked_why=outcome.unchecked_why,
+        simplified=ranking.simplified, split=ranking.split,
         verifier_errors=tuple(ranking.crashes), resumed=resumed)
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
@@ -427,15 +430,16 @@ class _Checked:
     sampled: str | None
     rejected: int = 0
     unchecked: int = 0
+    unchecked_why: str = ""
 
 
 def _check_ranked(spec, ranked, config, deadline) -> _Checked:
     """Check candidates at the real shapes, best first, until one passes; the spec itself needs
     no check and ends the walk. Once the deadline has passed, the rest are not checked (counted
-    as unchecked) and the spec wins: the budget bounds the whole call."""
-    from mugraph.search.final_check import plan
-    from mugraph.verify import check, quick_equivalent
-    kept, rejected, unchecked = [], 0, 0
+    as unchecked) and the spec wins: the budget bounds the whole call. So is a candidate whose
+    check does not fit the memory limit (`ir.memory`), with the reason kept for the report."""
+    from mugraph.ir.errors import ResourceError
+    kept, rejected, unchecked, why = [], 0, 0, []
     verification, sampled = None, None
     for cand in ranked:
         if verification is not None:
@@ -445,19 +449,32 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
             kept.append(cand)
         elif time.monotonic() > deadline:
             unchecked += 1
+            why.append("the budget ran out")
         else:
-            pair = plan(spec, cand.graph)
-            # a cheap exact test first: a structure that fails at the real shapes is not worth
-            # the full check (several float and finite-field runs)
-            report = None
-            if quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
-                report = check(pair.spec, pair.candidate, seed=config.seed)
+            try:
+                report, pair = _check_one(spec, cand.graph, config)
+            except ResourceError as e:
+                unchecked += 1
+                why.append(e.message)
+                continue
             if report is not None and report.equivalent:
                 verification, sampled = report, pair.sampled
                 kept.append(cand)
             else:
                 rejected += 1
-    return _Checked(kept, verification, sampled, rejected, unchecked)
+    return _Checked(kept, verification, sampled, rejected, unchecked, "; ".join(dict.fromkeys(why)))
+
+
+def _check_one(spec, graph, config):
+    """(the check's report or None, the CheckPlan) of one candidate at the real shapes."""
+    from mugraph.search.final_check import plan
+    from mugraph.verify import check, quick_equivalent
+    pair = plan(spec, graph)
+    # a cheap exact test first: a structure that fails at the real shapes is not worth the full
+    # check (several float and finite-field runs)
+    if not quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
+        return None, pair
+    return check(pair.spec, pair.candidate, seed=config.seed), pair
 
 
 def describe(graph: KernelGraph) -> str:
@@ -473,6 +490,22 @@ def describe(graph: KernelGraph) -> str:
     kernels = [f"grid{bg.grid} forloop {bg.forloop} ({len(bg.nodes) - len(bg.inputs)} block ops)"
                for bg, _ in customs]
     return ", ".join(parts) + (": " + "; ".join(kernels) if kernels else "")
+
+
+def progress_hook(progress, config):
+    """The runner's progress hook from a `progress` argument: a callable
+    (counters, best seconds, elapsed) as given; None or True the default display (a live line,
+    log lines, or none under MUGRAPH_PROGRESS=0); False none."""
+    from mugraph.search.progress import Silent
+    if progress is None or progress is True:
+        return _default_progress(config)
+    if progress is False:
+        return Silent()
+    if not callable(progress):
+        raise SearchError(f"progress={progress!r} is not a callable, True, False or None",
+                          hint="pass progress=False to silence the search, or a function "
+                               "(counters, best_seconds, elapsed)")
+    return progress
 
 
 def _default_progress(config):

@@ -85,12 +85,28 @@ def skeletons(tensors, is_reduction, max_axes: int = 3, final: bool = False):
         for grid in itertools.combinations(splittable, k):
             for loop in loops:
                 sk = Skeleton(grid, loop)
-                if reduced_sizes(sk) is not None:
+                sizes = reduced_sizes(sk)
+                if sizes is not None and all(divides(t, sk, sizes) for t in tensors):
                     out.append(sk)
     def rank(sk):
         split_reductions = sum(1 for lab in sk.grid if is_reduction(lab))
         return (split_reductions, sk.loop is None, -len(sk.grid))
     return sorted(out, key=rank)
+
+
+def divides(tensor, sk: Skeleton, sizes: ReducedSizes) -> bool:
+    """Whether the skeleton's grid and loop cut `tensor` into whole tiles.
+
+    Sizes come from label extents, but a tensor's dim may be shorter than its label (a block that
+    accumulated loop tiles of a dim writes one tile's worth of it): such a dim may not divide."""
+    imap, fmap = input_maps(tensor.labels, sk)
+    tile = list(tensor.node.shape)
+    for axis, dim in enumerate(imap):
+        if dim is not None:
+            if tile[dim] % sizes.grid[axis]:
+                return False
+            tile[dim] //= sizes.grid[axis]
+    return fmap is None or tile[fmap] % sizes.forloop == 0
 
 
 def input_maps(labels: tuple[DimLabel, ...], sk: Skeleton) -> tuple[tuple, int | None]:

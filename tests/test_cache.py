@@ -63,6 +63,72 @@ def _spec():
     return ir.from_jax(axpy, *ARGS)
 
 
+def test_numerically_equal_configs_and_other_budgets_share_one_key():
+    from mugraph.search.cache import search_key
+    spec, base = _spec(), SearchConfig(max_kernel_ops=2, budget_seconds=30, kernel_ops=("mul", "add"))
+    same = [base.replace(budget_seconds=30.0), SearchConfig(max_kernel_ops=2.0, budget_seconds=30,
+                                                            kernel_ops=["add", "mul", "add"]),
+            base.replace(budget_seconds=5), base.replace(budget_states=10), base.replace(workers=2)]
+    assert {search_key(spec, c) for c in same} == {search_key(spec, base)}
+    assert base.replace(budget_seconds=30.0) == base and base.replace(budget_seconds=30.0).to_json() == \
+        base.to_json()
+    other = [base.replace(max_kernel_ops=3), base.replace(kernel_ops=("mul",)), base.replace(seed=1),
+             base.replace(target="a100")]
+    assert len({search_key(spec, c) for c in other} | {search_key(spec, base)}) == len(other) + 1
+
+
+def test_the_cli_and_python_defaults_are_one_search_but_for_the_budget():
+    from mugraph.api import make_config
+    from mugraph.cli import _search_config
+    from mugraph.search.cache import search_key
+    import argparse
+    args = argparse.Namespace(budget=60.0, target_gpu="h100", workers=1, seed=0, max_kernel_ops=3)
+    cli, python = _search_config(args), make_config(None, target="h100")
+    assert cli.budget_seconds == 60.0 and python.budget_seconds == 300.0
+    assert search_key(_spec(), cli) == search_key(_spec(), python)
+
+
+def test_a_smaller_budget_reuses_a_stored_search_and_a_larger_one_continues_it(cache_folder,
+                                                                            monkeypatch):
+    from mugraph.search import runner
+    spec = _spec()
+    small = SearchConfig(max_kernel_ops=2, budget_states=200, budget_seconds=60)
+    first = cached_search(spec, small, progress=_quiet)
+    assert first.result.report.stop_reason == "states"
+    assert ResultCache().checkpoint(first.key) is not None, "kept: a larger budget continues it"
+    for config, extend in ((small, True), (small.replace(budget_states=100), True),
+                           (small.replace(budget_states=400, budget_seconds=90), False)):
+        again = cached_search(spec, config, progress=_quiet, extend=extend)
+        assert again.origin == "cache" and again.result.best is first.result.best
+        assert "a 60 s / 200 state search stopped by states" in again.note
+    visited, real = [], runner.run_task
+    monkeypatch.setattr(runner, "run_task", lambda args: visited.append(real(args)) or visited[-1])
+    more = cached_search(spec, small.replace(budget_states=400), progress=_quiet)
+    assert more.origin == "search" and more.key == first.key
+    assert f"continued the stored search {first.key[:12]} (stopped by states" in more.note
+    assert more.result.report.resumed.startswith("continued the stored search")
+    states_now = sum(counters.states for _, counters, _, _ in visited)
+    assert first.result.report.states + states_now == more.result.report.states <= 400
+    assert states_now < more.result.report.states - 150, "it went on, it did not start over"
+    assert cached_search(spec, small.replace(budget_states=400), progress=_quiet).origin == "cache"
+
+
+def test_the_python_default_budget_reuses_the_command_lines_shorter_search(cache_folder):
+    """README: `mugraph search W --budget N` then `superoptimize(...)` with the default budget
+    (300 s) answers from the cache; it does not search again for five minutes."""
+    from mugraph import workloads
+    from mugraph.cli import main
+    from mugraph.search.cache import ResultCache
+    assert main(["search", "rmsnorm_linear", "--small", "--budget", "3"]) == 0
+    stored = ResultCache().entries()
+    assert len(stored) == 1 and stored[0].stop_reason == "time"
+    start = time.perf_counter()
+    kernel = mugraph.superoptimize(workloads.get("rmsnorm_linear").small().spec(), progress=False)
+    assert kernel.origin.startswith(f"from cache entry {stored[0].key[:12]}")
+    assert "a 3 s / 2000000 state search stopped by time" in kernel.origin
+    assert time.perf_counter() - start < 5.0
+
+
 def _tamper(store, key, **fields):
     entry = store.load(key)
     store.store(dataclasses.replace(entry, **fields))

@@ -20,7 +20,7 @@ from mugraph.ir.errors import InvalidInput, MugraphError, VerificationError
 from mugraph.ir.graph import KernelGraph
 from mugraph.verify.finite_field import (MAX_TESTS, TARGET_BOUND, FiniteFieldResult,
                                          finite_field_test)
-from mugraph.verify.float_diff import FloatResult, float_diff
+from mugraph.verify.float_diff import FloatResult, float_diff, require_memory
 
 EQUIVALENT, NOT_EQUIVALENT, NOT_ESTABLISHED = "EQUIVALENT", "NOT EQUIVALENT", "NOT ESTABLISHED"
 
@@ -132,6 +132,7 @@ def check(spec: KernelGraph, candidate: KernelGraph, *, tests: int | None = None
         return VerificationReport(False, 1.0, None, None, None, "skipped",
                                   time.perf_counter() - start, seed, mismatch, NOT_EQUIVALENT,
                                   methods, target)
+    require_memory(spec, candidate)     # the float test's refusal, before the finite-field test
     ff, ff_error = _finite_field(spec, candidate, tests, seed, target, max_tests, sample_blocks)
     fl = float_diff(spec, candidate, seed=seed, scale=scale)
     proof, status = _formal(spec, candidate, rlimit) if formal else (None, "skipped")

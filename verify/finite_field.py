@@ -244,10 +244,14 @@ def finite_field_test(spec: KernelGraph, candidate: KernelGraph, *, tests: int |
     """Independent exact tests until the bound reaches `target` (or `tests` of them); stop at a
     mismatch. If `max_tests` tests cannot reach the target the result is passed but not
     `established`. `sample_blocks`: compare that many random blocks of each output (see
-    `verify/sampling.py`); the bound then covers only what was sampled."""
+    `verify/sampling.py`); the bound then covers only what was sampled. A test of every element
+    that would not fit the memory limit (`ir.memory`) is sampled so, and says so."""
     start = time.perf_counter()
     _check_count("tests", tests)
     _check_count("max_tests", max_tests)
+    if sample_blocks is None:       # every element, unless that does not fit the memory limit
+        from mugraph.verify.sampling import blocks_for_memory
+        sample_blocks = blocks_for_memory(spec, candidate)
     if sample_blocks is not None:
         from mugraph.verify.sampling import sampled_test
         return sampled_test(spec, candidate, sample_blocks, tests=tests, seed=seed, target=target,

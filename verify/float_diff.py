@@ -473,6 +473,16 @@ def _run_case(spec, candidate, case, base, base_ref, seed, scale, modes) -> Case
     return CaseResult(case, detail, tuple(run_mode(m, ref, candidate, inputs, case) for m in modes))
 
 
+def require_memory(spec: KernelGraph, candidate: KernelGraph) -> None:
+    """A ResourceError before any input is drawn when the test does not fit the memory limit:
+    the spec and the candidate in float64, each input in float64 and its own dtype."""
+    from mugraph.ir import memory
+    memory.require(memory.evaluation_bytes([spec, candidate, spec], 8),
+                   f"the float test of {memory.describe(spec)}",
+                   "verify the program at smaller shapes (e.g. Workload.small(), or the function "
+                   "traced with smaller example arguments)")
+
+
 def float_diff(spec: KernelGraph, candidate: KernelGraph, *, seed: int = 0, scale: float = 1.0,
                modes=MODES, cases=CASES, stop_at_failure: bool = True) -> FloatResult:
     """Run the candidate in each of `modes` against the spec's references on every case's inputs.
@@ -481,6 +491,7 @@ def float_diff(spec: KernelGraph, candidate: KernelGraph, *, seed: int = 0, scal
     """
     start = time.perf_counter()
     _check_arguments(spec, candidate, modes, cases)
+    require_memory(spec, candidate)
     scale, base, base_ref = usable_inputs(spec, seed, scale)
     results, failed = [], None
     for case in cases:

@@ -32,6 +32,17 @@ from mugraph.verify.finite_field import (FiniteFieldResult, default_count, first
 
 BLOCK = 64
 ALL = None        # a dim needed whole
+FIELD_BYTES = 16  # a finite-field value with its exponent image: two int64
+AUTO_BLOCKS = 4   # tiles per output and test when the whole output does not fit in memory
+
+
+def blocks_for_memory(spec: KernelGraph, candidate: KernelGraph) -> int | None:
+    """None when the finite-field test of every output element fits the memory limit
+    (`ir.memory`); else how many random tiles per output a sampled test compares instead (its
+    result says what it compared, and its bound covers only that)."""
+    from mugraph.ir import memory
+    need = memory.evaluation_bytes([spec, candidate], FIELD_BYTES)
+    return None if memory.fits(need) else AUTO_BLOCKS
 
 
 # ---- index sets ----------------------------------------------------------------------------------
@@ -329,14 +340,29 @@ def _compare(spec, candidate, sample_blocks, draw, exponents):
     rng = np.random.default_rng(np.random.SeedSequence(draw.seed,
                                                        spawn_key=(draw.test, draw.attempt, 3)))
     sets = [sample_sets(o.shape, sample_blocks, rng) for o in spec.outputs]
-    outputs = []
-    for graph in (spec, candidate):
-        have, groups = plan(graph, sets)
+    outputs, plans = [], [plan(graph, sets) for graph in (spec, candidate)]
+    _require_memory(spec, plans)
+    for graph, (have, groups) in zip((spec, candidate), plans):
         values = evaluate_sampled(graph, have, groups, draw, exponents)
         outputs.append([restrict(values[o], have[o], s, o.shape)
                         for o, s in zip(graph.outputs, sets)])
     n = sum(math.prod(_shape(o, s)) for o, s in zip(spec.outputs, sets))
     return outputs[0], outputs[1], n
+
+
+def _require_memory(spec: KernelGraph, plans) -> None:
+    """A ResourceError when even the sampled blocks (with the whole reduced dims they read) need
+    more memory than the limit."""
+    from mugraph.ir import memory
+    elements = 0
+    for have, groups in plans:
+        sizes = [math.prod(_shape(node, sets)) for node, sets in have.items()]
+        sizes += [g.graph.num_blocks * sum(math.prod(n.shape) for n in g.graph.nodes)
+                  for g in groups.values()]
+        elements += sum(sizes) + 2 * max(sizes, default=0)
+    memory.require(elements * FIELD_BYTES,
+                   f"the sampled finite-field test of {memory.describe(spec)}",
+                   "verify the program at smaller shapes")
 
 
 def _result(passed, bound, primes, target, start, redraws, failure, exponents, blocks, compared,

@@ -294,6 +294,27 @@ case("FILE.py without the function", F, errors.InvalidInput, r"has no function '
     lambda t: load_function(str(_file(t, NO_ARGS)) + ":g"))
 case("FILE.py that does not exist", F, errors.InvalidInput, r"no such file")(
     lambda t: load_function("nowhere.py:f"))
+_ONE = "import jax, jax.numpy as jnp\ndef f(x):\n    return x * 2\nf_args = {}\n"
+case("FILE.py with f_args = 5", F, errors.InvalidInput, r"f_args = 5 is a int, not a list")(
+    lambda t: load_function(str(_file(t, _ONE.format("5"))) + ":f"))
+case("FILE.py with f_args one struct, no list", F, errors.InvalidInput,
+     r"is a ShapeDtypeStruct, not a list")(
+    lambda t: load_function(str(_file(t, _ONE.format("jax.ShapeDtypeStruct((4, 4), jnp.float32)")))
+                            + ":f"))
+case("FILE.py with f_args a dict", F, errors.InvalidInput, r"is a dict, not a list")(
+    lambda t: load_function(str(_file(t, _ONE.format("{'x': 1}"))) + ":f"))
+case("FILE.py with f_args = [5]", F, errors.InvalidInput, r"example argument 0 is a int")(
+    lambda t: _traced(_file(t, _ONE.format("[5]"))))
+case("CLI: search FILE.py:f with f_args = 5", F, check=lambda rc: rc == 2, match="exit 2")(
+    lambda t: _cli("search", str(_file(t, _ONE.format("5"))) + ":f", "--budget", "3"))
+case("search(..., progress=False)", F, check=lambda r: r.report.stop_reason == "exhausted",
+     match="a result, no progress shown")(
+    lambda t: mugraph.search.search(ir.from_jax(lambda x: x * 2, A),
+                                    SearchConfig(max_kernel_ops=1, budget_seconds=5),
+                                    progress=False))
+case("search(..., progress='yes')", F, errors.SearchError, r"progress='yes' is not a callable")(
+    lambda t: mugraph.search.search(ir.from_jax(lambda x: x * 2, A), SearchConfig(),
+                                    progress="yes"))
 
 
 def _dask(address):
@@ -326,6 +347,11 @@ def _negated(graph):
     from mugraph.ir import KNode, TOp
     return ir.KernelGraph([KNode(TOp.NEG, (o,), None) for o in graph.outputs], graph.inputs,
                           graph.output_names)
+
+
+def _traced(path):
+    fn, args = load_function(f"{path}:f")
+    return ir.from_jax(fn, *args)
 
 
 def _file(folder, text):
@@ -443,6 +469,17 @@ def test_case(c: Case, tmp_path, monkeypatch):
 def test_the_corpus_is_large_and_covers_every_category():
     assert len(CASES) >= 60
     assert {c.category for c in CASES} == {G, U, H, D, F, C, M}
+
+
+def test_a_malformed_example_argument_file_prints_one_error_line_and_exits_2(tmp_path):
+    path = _file(tmp_path, _ONE.format("5"))
+    out = subprocess.run([sys.executable, "-m", "mugraph", "search", f"{path}:f", "--budget", "3"],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, MUGRAPH_CACHE_DIR=str(tmp_path / "cache")))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    error = [line for line in out.stderr.splitlines() if line.startswith("mugraph: error")]
+    assert len(error) == 1 and "f_args = 5 is a int" in error[0], out.stderr
+    assert "hint: e.g. f_args = [jax.ShapeDtypeStruct" in out.stderr
 
 
 def test_a_bad_command_prints_one_line_not_a_traceback():

@@ -133,3 +133,23 @@ def test_a_stop_request_ends_the_enumeration_with_what_was_verified():
     assert "search stopped by SIGTERM" in str(caught.value)
     assert "no checkpoint kept" in str(caught.value)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_superoptimize_stopped_raises_interrupted_with_a_kernel_as_its_result():
+    """README: from Python, `superoptimize` raises Interrupted with the best kernel verified so far
+    as `.result` — a Kernel that runs, not the search's internal record."""
+    import numpy as np
+    import mugraph
+    from mugraph import ir, workloads
+    from mugraph.api import Kernel
+    from mugraph.errors import Interrupted
+    w = workloads.get("gated_mlp").small()
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(Interrupted) as caught:
+        mugraph.superoptimize(w.spec(), budget_seconds=30, cache=False, progress=False)
+    kernel = caught.value.result
+    assert isinstance(kernel, Kernel), type(kernel)
+    assert "search stopped by SIGTERM" in kernel.origin
+    arrays = w.random_inputs(0)
+    want = ir.interpret(w.spec(), arrays)[0]
+    assert np.allclose(kernel.run_reference(*arrays), want, rtol=1e-3, atol=1e-3)

@@ -413,14 +413,28 @@ def test_fewer_warps_than_processing_blocks_leave_tensor_cores_idle():
 
 
 def test_a_compute_heavy_loop_on_few_blocks_splits_over_more_ctas_than_streaming_needs():
+    """2 blocks of 64 trips, each trip 2 * (2 * 256 * 64 * 64) tensor-core FLOPs: by hand, from the
+    target's constants alone, the split d (a divisor of 64; 2d CTAs, one per SM) costs the busiest
+    SM 64/d trips of products at one SM's MMA rate, plus, when split, the hand-off and d partial
+    states of 66,560 bytes read at the SM fill rate. That is about 53.7/d + 0.6 + 0.53 d us on
+    sm_90: least at d = 8 (11.5 us; 16.1 us at 4, 12.4 us at 16), where streaming HBM alone needs
+    only 2."""
     from mugraph.codegen.arch import get_arch
-    from mugraph.codegen.schedule import _loop_hbm_bytes, choose_splits, trip_flops
+    from mugraph.codegen.schedule import choose_splits
     bg = packed_attention(q=256, kv=4096).nodes[-1].arg[0]
     s, arch = cost.schedule(bg, "h200"), get_arch("sm_90")
-    args = (bg.num_blocks, bg.forloop, arch, s.state_bytes, s.stage_bytes, s.smem_bytes // s.stages)
-    streaming = choose_splits(*args)
-    assert s.splits == choose_splits(*args, trip_flops(bg), _loop_hbm_bytes(bg), 4) > streaming
-    assert trip_flops(bg) == 2 * (2 * 256 * 64 * 64)
+    flops, state = 2 * (2 * 256 * 64 * 64), 256 * (64 + 1) * 4   # per trip; f32 acc + row sums
+
+    def by_hand(d):
+        assert 2 * d <= arch.sm_count   # one CTA per SM: each SM's tensor cores serve one
+        return 64 / d * flops / arch.mma_rate + (d > 1) * (arch.handoff_s + d * state / arch.sm_fill_rate)
+    divisors = [d for d in range(1, 65) if 64 % d == 0]
+    best = min(divisors, key=by_hand)
+    assert best == 8 and 11e-6 < by_hand(8) < 12e-6
+    assert s.state_bytes == state
+    streaming = choose_splits(bg.num_blocks, bg.forloop, arch, s.state_bytes, s.stage_bytes,
+                              s.smem_bytes // s.stages)
+    assert s.splits == best > streaming == 2
 
 
 @pytest.mark.parametrize("name", ["gqa", "gqa_safe", "qknorm_gqa"])
