@@ -151,9 +151,13 @@ def plan_path(bg: BlockGraph, arch: ArchSpec, measure, path: str) -> KernelSched
                            trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32)
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
     stages, smem, state, regs = figures_at(bg, arch, ir, plan, stages, splits)
-    return KernelSchedule(arch.name, bg.grid, ir.block_threads, bg.forloop, splits, stages, stage_bytes, invariant,
-                          smem, state, regs, ir.path, ir.pipeline is not None, ir.async_reads, trip_flops(bg),
-                          ir.wgmma_flops)
+    s = KernelSchedule(arch.name, bg.grid, ir.block_threads, bg.forloop, splits, stages, stage_bytes, invariant,
+                       smem, state, regs, ir.path, ir.pipeline is not None, ir.async_reads, trip_flops(bg),
+                       ir.wgmma_flops)
+    if s.tma:  # setmaxnreg: the kernel launches with the registers its consumers take (hopper_pipeline)
+        from mugraph.codegen.hopper_pipeline import consumer_regs
+        s = replace(s, regs=max(regs, consumer_regs(bg.threads, s.min_blocks)))
+    return s
 
 
 def _derived_state(bg: BlockGraph, arch: ArchSpec, one) -> int:

@@ -11,8 +11,10 @@
 
 #if defined(__CUDACC__)
 #define MG_TMAP(name) const __grid_constant__ mg_tmap name  // a tensor map kernel parameter, by value
+#define MG_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)  // a kernel launched in clusters of x * y * z blocks
 #else
 #define MG_TMAP(name) const mg_tmap name
+#define MG_CLUSTER_DIMS(x, y, z)  // the CPU harness takes the cluster shape from the launch (KernelLaunch.cluster)
 #endif
 
 // ---- BEGIN GENERATED TABLES (codegen/hopper_layouts.py render_runtime_tables) ----

@@ -166,3 +166,12 @@ def test_reading_accumulators_before_wgmma_completes_is_wrong_or_caught():
     except KernelFault:
         return
     assert max_rel_error(out, ref) > TOLERANCE
+
+
+# ---- golden files: the generated sm_90a text, reviewed when it changes ------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gqa_safe", "rmsnorm_linear"])
+def test_generated_sm_90a_source_matches_golden(name):
+    from tests.golden import check_golden
+    from tests.codegen.test_generate_golden import GOLDEN
+    check_golden(GOLDEN / f"{name}_small.sm_90a.cu", generate(workloads.get(name).small().reference(), ARCH).source)
