@@ -115,7 +115,7 @@ def render_kernel(ir: KernelIR, smem: SmemPlan, min_blocks: int = 1) -> str:
                        [f"MG_TMAP({m})" for m in _tensor_map_params(ir).values()])
     w.open(f"MG_GLOBAL void MG_LAUNCH_BOUNDS({ir.block_threads}, {min_blocks}) {ir.name}({params})")
     if smem.allocations:
-        w("MG_SHARED_DYN(smem);")
+        w("MG_SHARED_DYN_1024(smem);" if ir.path == "hopper" else "MG_SHARED_DYN(smem);")
     offsets = {a.name: a.offset for a in smem.allocations}
     body = R.CodeWriter()
     if ir.pipeline:

@@ -10,6 +10,8 @@ Where each value lives decides everything (``placement``); one module per concer
 * ``reductions``: per row of a Frag with quad shuffles (``Rows``), else groups of lanes (``Spread``);
 * ``accumulators``: state in registers in its operand's layout, joined each iteration;
 * ``stores``: outputs to global memory;
+* on sm_90a's path (``path="hopper"``): ``hopper_pipeline`` lands the loop's tiles by TMA (a producer warpgroup,
+  mbarriers) in the swizzled layout wgmma reads, and ``wgmma`` takes the products that fit it (mma calls it first);
 * ``values``: reading any of these at a loop's element, materialising a register value to shared memory
   (``Smem``) when another layout must read it; ``loops``: how threads walk the elements they hold.
 

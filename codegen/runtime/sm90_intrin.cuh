@@ -9,6 +9,14 @@
 // against an independent reading of its tables (tests/codegen/test_hopper_layouts.py, test_hopper_emulation.py).
 #pragma once
 
+// Dynamic shared memory on a 1024-byte boundary: the 128-byte swizzle follows address bits, and codegen's index
+// expressions follow it from each buffer's start (the CPU harness's arena is always so aligned).
+#if defined(__CUDACC__)
+#define MG_SHARED_DYN_1024(name) extern __shared__ __align__(1024) unsigned char name[]
+#else
+#define MG_SHARED_DYN_1024(name) MG_SHARED_DYN(name)
+#endif
+
 #if defined(__CUDACC__)
 #define MG_TMAP(name) const __grid_constant__ mg_tmap name  // a tensor map kernel parameter, by value
 #define MG_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)  // a kernel launched in clusters of x * y * z blocks

@@ -175,3 +175,17 @@ def test_generated_sm_90a_source_matches_golden(name):
     from tests.golden import check_golden
     from tests.codegen.test_generate_golden import GOLDEN
     check_golden(GOLDEN / f"{name}_small.sm_90a.cu", generate(workloads.get(name).small().reference(), ARCH).source)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sm_90a_shared_layouts_are_conflict_free_for_ldmatrix(name):
+    from mugraph.codegen import plan_shared_memory
+    from mugraph.codegen.fragments import bank_conflicts
+    for w in (workloads.get(name), workloads.get(name).small()):
+        for bg, _ in w.reference().custom_ops():
+            plan = plan_shared_memory(bg, ARCH)
+            for layout in plan.ldmatrix_layouts():
+                assert bank_conflicts(layout, "ldmatrix") == 0, (name, layout)
+            for a in plan.allocations:  # a swizzled tile starts on its period, so its pattern is its own
+                period = getattr(getattr(a.layout, "matrix", None), "mode", None)
+                assert period is None or a.offset % period.period == 0, (name, a)

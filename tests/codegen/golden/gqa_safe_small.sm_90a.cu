@@ -35,7 +35,7 @@ inline void mg_wgmma_m64n128k16_f16_ss(float* d, unsigned long long desc_a, unsi
 //   sm0 [98304, 106496) input 0 tile [1, 64, 64]
 //   sm3 [106496, 106752) mbarriers: full and empty per stage
 MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_TMAP(tm0), MG_TMAP(tm1)) {
-  MG_SHARED_DYN(smem);
+  MG_SHARED_DYN_1024(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 98304);  // input 0 tile [1, 64, 64]

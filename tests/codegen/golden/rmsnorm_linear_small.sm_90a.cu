@@ -7,7 +7,7 @@
 //   sm0 [32768, 40960) input 0 tile [16, 64] x 4 stages (TMA)
 //   sm2 [40960, 41216) mbarriers: full and empty per stage
 MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(mg_half) p2, MG_TMAP(tm0), MG_TMAP(tm1)) {
-  MG_SHARED_DYN(smem);
+  MG_SHARED_DYN_1024(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 32768);  // input 0 tile [16, 64] x 4 stages (TMA)
