@@ -13,6 +13,10 @@ line. ``args`` are pointers to the argument values, as in cuLaunchKernel; the La
 dynamic shared memory, schedule and seed in, and the shim's fault and message out. A fault never aborts the
 process: ``run`` raises KernelFault with the shim's message.
 
+sm_90a kernels run too: tensor maps are 128-byte parameters the harness encodes itself (``codegen.tma``), the
+blocks of a thread-block cluster run together (``run(..., cluster=...)``), and the checking build follows TMA
+copies, mbarriers and wgmma's shared-memory reads (the async proxy) as well as barriers.
+
 Builds are cached by content in ``$MUGRAPH_CACHE_DIR/cpu`` (default ``~/.cache/mugraph/cpu``), next to a
 precompiled shim header keyed by the headers' hash, the flags and the compiler.
 """
@@ -67,7 +71,9 @@ _FAULT_HINTS = {
     "bad_launch": "check grid, block (warp collectives need whole warps) and smem_bytes against the kernel",
     "bad_argument": "an intrinsic got an operand outside its range (e.g. cp.async zfill src_bytes > 16)",
     "race": "two threads touched the same shared bytes between two barriers: a __syncthreads (or a cp.async "
-            "wait_group before it) is missing between the write and the other access",
+            "wait_group before it) is missing between the write and the other access; on sm_90a, an mbarrier wait "
+            "(TMA copies), a release of the stage after its last read, a wgmma.wait_group, or a fence.proxy.async "
+            "after generic writes that wgmma reads",
     "global_out_of_bounds": "a global load or store falls outside every array passed to the launch: check the "
                             "tile origins and strides against the tensors' shapes",
 }
