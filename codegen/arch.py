@@ -1,8 +1,10 @@
 """Per-architecture data for the code generator: the limits a kernel must fit and the numbers that size it.
 
-sm_80 and sm_90 run the same generated logic (cp.async, ldmatrix, mma.sync); only these numbers change. The
-sizing numbers (SM count, the bytes an SM must keep in flight) come from the calibration table, for the most
-demanding GPU of each arch (``calibration.SIZING_TARGET``: the A100 for sm_80, the H200 for sm_90).
+sm_80 and sm_90 run the same generated logic (cp.async, ldmatrix, mma.sync); only these numbers change. sm_90a
+adds Hopper's instructions (``FEATURES``): its kernels may take the TMA + wgmma path (hopper_pipeline, wgmma), which
+the schedule weighs against the cp.async + mma.sync one (hopper_model). The sizing numbers (SM count, the bytes an
+SM must keep in flight) come from the calibration table, for the most demanding GPU of each arch
+(``calibration.SIZING_TARGET``: the A100 for sm_80, the H200 for sm_90 and sm_90a).
 """
 from __future__ import annotations
 
@@ -39,12 +41,21 @@ class ArchSpec:
     smem_align: int = 128    # every shared buffer starts on a 128-byte line (swizzles assume it)
     fp32_matmul: str = "bf16x3"  # fp32 x fp32 block matmuls: "bf16x3" (tensor cores) or "simt" (exact fp32)
     split_loops: bool = True  # split a short grid's loop over several CTAs (split-K / split-KV)
+    tma: bool = False        # TMA copies (cp.async.bulk.tensor) and mbarriers: a warp-specialised pipeline
+    wgmma: bool = False      # wgmma.mma_async from shared-memory descriptors (sm_90a only)
+    wgmma_rate: float = 0.0  # tensor-core FLOP/s of one SM with wgmma
+    clock_hz: float = 1.0    # the sizing GPU's boost clock (instruction issue per second)
+
+
+# What an arch adds to the logic every arch runs (the "a" of sm_90a: instructions that exist on sm_90a only).
+FEATURES: Mapping[str, Mapping[str, bool]] = MappingProxyType({"sm_90a": {"tma": True, "wgmma": True}})
 
 
 def _spec(name: str, limit: int, threads: int) -> ArchSpec:
     c = calibration.constants(calibration.SIZING_TARGET[name])
     inflight = c["hbm_bandwidth"] * c["hbm_efficiency"] * c["loaded_latency_s"] / c["sm_count"]
     return ArchSpec(name, smem_limit=limit, max_threads=threads, sm_count=int(c["sm_count"]),
+                    wgmma_rate=c["tc_flops"] / c["sm_count"], clock_hz=c["clock_hz"], **FEATURES.get(name, {}),
                     smem_per_sm=int(c["smem_per_sm"]), threads_per_sm=int(c["max_threads_per_sm"]),
                     inflight_per_sm=int(inflight),
                     hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mugraph.codegen import loops
+from mugraph.codegen import hopper_pipeline, loops
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import InputView, Step
 from mugraph.codegen.layouts import TileLayout, mma_tile, plain_tile, prod, round_up, strided, unravel
@@ -35,10 +35,12 @@ def mma_uses(order) -> dict:
 
 
 def lower_inputs(lw: Lowering) -> None:
-    """Places every input tile and emits the prologue's copies; the loop's copies are left in ``lw.loop_copy``."""
+    """Places every input tile and emits the prologue's copies; the loop's copies are left in ``lw.loop_copy``
+    (or, on sm_90a's path, to the TMA pipeline's producer: ``hopper_pipeline``)."""
     inv_lines, stage_lines, loop_lines, loop_scalar, pad_lines = [], {}, [], [], []
     inv_writes, stage_writes, pad_writes = set(), set(), set()
     lw.stage_bufs = []
+    by_tma = hopper_pipeline.tma_inputs(lw)
     for node, view in zip(lw.g.inputs, lw.inputs):
         spec = node.arg
         tile = tuple(spec.tile_shape)
@@ -49,11 +51,16 @@ def lower_inputs(lw: Lowering) -> None:
         rows_p = round_up(rows, 16) if "B" in roles else rows
         cols_p = round_up(cols, 16) if "A" in roles else cols
         size = spec.dtype.itemsize
-        layout = mma_tile(batch, rows_p, cols_p, size) if roles else plain_tile(batch, rows, cols, size)
+        swizzled = hopper_pipeline.swizzled_layout(tile, size, roles) if (node in by_tma or (roles and lw.hopper)) \
+            else None  # the layout TMA lands and wgmma / ldmatrix read
+        layout = swizzled or (mma_tile(batch, rows_p, cols_p, size) if roles else plain_tile(batch, rows, cols, size))
+        if swizzled:
+            rows_p, cols_p = rows, cols
         ctype = R.DTYPE_C[spec.dtype].storage
         buf = lw.buffer("tile", layout.nbytes * stages, f"input {spec.index} tile {list(tile)}"
-                        + (f" x {stages} stages" if stages > 1 else ""), ctype=ctype, layout=layout,
-                        stages=stages, ldmatrix=bool(roles))
+                        + (f" x {stages} stages" if stages > 1 else "") + (" (TMA)" if node in by_tma else ""),
+                        ctype=ctype, layout=layout, stages=stages, ldmatrix=bool(roles),
+                        align=layout.matrix.mode.period if swizzled else 0)
         base = input_base(lw, spec, view, buf)
         ptr = buf
         if looped and stages > 1:
@@ -63,7 +70,10 @@ def lower_inputs(lw: Lowering) -> None:
         if rows_p != rows or cols_p != cols:
             pad_lines += pad_tile(lw, buf, layout, rows, cols, stages)
             pad_writes.add(buf)
-        if looped:
+        if node in by_tma:
+            lw.tma_tiles.append(hopper_pipeline.tma_tile(lw, node, view, buf, layout))
+            lw.stage_bufs.append(buf)
+        elif looped:
             for k in range(max(1, stages - 1)):
                 dst = f"({buf} + {k * layout.elems})" if k else buf
                 stage_lines.setdefault(k, []).extend(copy_lines(lw, spec, view, dst, layout, base, str(k))[0])
@@ -88,6 +98,8 @@ def lower_inputs(lw: Lowering) -> None:
                      group=group, note=f"stage {k} of the loop's input tiles"), "pro")
         group += 1
     lw.loop_copy = (loop_lines, loop_scalar)
+    if by_tma:
+        hopper_pipeline.start(lw)
 
 
 def emit_prefetch(lw: Lowering) -> None:

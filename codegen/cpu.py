@@ -13,6 +13,10 @@ line. ``args`` are pointers to the argument values, as in cuLaunchKernel; the La
 dynamic shared memory, schedule and seed in, and the shim's fault and message out. A fault never aborts the
 process: ``run`` raises KernelFault with the shim's message.
 
+sm_90a kernels run too: tensor maps are 128-byte parameters the harness encodes itself (``codegen.tma``), the
+blocks of a thread-block cluster run together (``run(..., cluster=...)``), and the checking build follows TMA
+copies, mbarriers and wgmma's shared-memory reads (the async proxy) as well as barriers.
+
 Builds are cached by content in ``$MUGRAPH_CACHE_DIR/cpu`` (default ``~/.cache/mugraph/cpu``), next to a
 precompiled shim header keyed by the headers' hash, the flags and the compiler.
 """
@@ -67,7 +71,9 @@ _FAULT_HINTS = {
     "bad_launch": "check grid, block (warp collectives need whole warps) and smem_bytes against the kernel",
     "bad_argument": "an intrinsic got an operand outside its range (e.g. cp.async zfill src_bytes > 16)",
     "race": "two threads touched the same shared bytes between two barriers: a __syncthreads (or a cp.async "
-            "wait_group before it) is missing between the write and the other access",
+            "wait_group before it) is missing between the write and the other access; on sm_90a, an mbarrier wait "
+            "(TMA copies), a release of the stage after its last read, a wgmma.wait_group, or a fence.proxy.async "
+            "after generic writes that wgmma reads",
     "global_out_of_bounds": "a global load or store falls outside every array passed to the launch: check the "
                             "tile origins and strides against the tensors' shapes",
 }
@@ -91,7 +97,7 @@ class _LaunchConfig(ctypes.Structure):  # mirrors mgshim::LaunchConfig in cuda_c
                 ("landing", ctypes.c_int32), ("workers", ctypes.c_int32), ("fault", ctypes.c_int32),
                 ("message", ctypes.c_char * 2048), ("blocks", ctypes.POINTER(ctypes.c_uint64)),
                 ("nblocks", ctypes.c_uint64), ("ranges", ctypes.POINTER(ctypes.c_uint64)),
-                ("nranges", ctypes.c_uint64)]
+                ("nranges", ctypes.c_uint64), ("cluster", ctypes.c_uint32 * 3), ("reserved_", ctypes.c_uint32)]
 
 
 _SCALARS = {"b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
@@ -114,8 +120,8 @@ class CpuModule:
 
     def run(self, entry: str | None, args: Sequence[Any], grid, block, smem_bytes: int = 0, *,
             schedule: str | None = None, seed: int | None = None, workers: int | None = None,
-            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES, blocks: Sequence[int] | None = None
-            ) -> None:
+            cp_async: str = "auto", stack_bytes: int = DEFAULT_STACK_BYTES, blocks: Sequence[int] | None = None,
+            cluster=(1, 1, 1)) -> None:
         """Launch ``entry`` on the CPU; raises KernelFault when the shim detects a fault.
 
         ``blocks``: run only these blocks (linear ids, x fastest) of the grid, e.g. a sample of a large grid.
@@ -123,7 +129,9 @@ class CpuModule:
         arrays passed (an address passed as an int is not a buffer the check knows).
 
         ``args``: numpy arrays (C-contiguous; passed by address), raw addresses or None for pointer parameters,
-        Python numbers for the rest. ``schedule``: rr | reverse | random | warpgreedy, with ``seed`` for the
+        128 bytes (``bytes`` or a uint8 array: a tensor map, ``codegen.tma.encode_cpu``) for tensor-map
+        parameters, Python numbers for the rest. ``cluster``: thread-block cluster dims; a cluster's blocks run
+        together (distributed shared memory, barrier.cluster). ``schedule``: rr | reverse | random | warpgreedy, with ``seed`` for the
         last two. ``cp_async``: when a committed copy group lands: ``wait`` (at the wait_group that needs it),
         ``commit`` (at once), ``random``, or ``auto`` (``wait`` for rr/reverse, ``random`` otherwise). Defaults
         are read at each call: ``$MG_SHIM_SCHED`` (else rr), ``$MG_SHIM_SEED`` (else 0), ``$MG_SHIM_WORKERS``
@@ -133,6 +141,7 @@ class CpuModule:
         keep_alive = _pack_args(name, self.signature(name), args)
         pointers = (ctypes.c_void_p * max(1, len(keep_alive)))(*[ctypes.addressof(a) for a in keep_alive])
         cfg = _launch_config(grid, block, smem_bytes, schedule, seed, workers, cp_async, stack_bytes)
+        cfg.cluster[:] = _dims(cluster, "cluster")
         ids = None
         if blocks is not None:
             ids = (ctypes.c_uint64 * max(1, len(blocks)))(*[int(b) for b in blocks])
@@ -372,6 +381,8 @@ def _pack_arg(entry: str, index: int, code: str, value: Any) -> ctypes._SimpleCD
     where = f"{entry} argument {index}"
     if code == "p":
         return ctypes.c_void_p(_address(where, value))
+    if code == "T":
+        return _tensor_map(where, value)
     ctype = _SCALARS[code]
     if code in "fd":
         if not isinstance(value, (int, float, np.integer, np.floating)):
@@ -384,6 +395,23 @@ def _pack_arg(entry: str, index: int, code: str, value: Any) -> ctypes._SimpleCD
     if code != "?" and not lo <= int(value) <= hi:
         raise InvalidInput(f"{where} = {value} does not fit {ctype.__name__[2:]}")
     return ctype(int(value))
+
+
+TENSOR_MAP_BYTES = 128
+
+
+def _tensor_map(where: str, value: Any):
+    """A tensor map passed by value: its 128 bytes in a 64-byte aligned ctypes buffer (kept alive by the caller)."""
+    data = bytes(value) if isinstance(value, (bytes, bytearray)) else \
+        np.ascontiguousarray(value, np.uint8).tobytes() if isinstance(value, np.ndarray) else None
+    if data is None or len(data) != TENSOR_MAP_BYTES:
+        raise InvalidInput(f"{where} is a tensor map: pass its {TENSOR_MAP_BYTES} bytes (codegen.tma.encode_cpu)",
+                           hint="got " + (f"{len(data)} bytes" if data is not None else type(value).__name__))
+    raw = (ctypes.c_uint8 * (TENSOR_MAP_BYTES + 64))()
+    pad = -ctypes.addressof(raw) % 64
+    aligned = (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer(raw, pad)
+    ctypes.memmove(aligned, data, TENSOR_MAP_BYTES)
+    return aligned  # from_buffer keeps `raw` alive
 
 
 def _address(where: str, value: Any) -> int | None:

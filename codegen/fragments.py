@@ -445,6 +445,8 @@ def choose_smem_layout(rows: int, cols: int, dtype_bytes: int) -> SmemLayout:
 
 def render_index(layout: SmemLayout, row: str = "row", col: str = "col") -> str:
     """A C expression for ``layout.offset(row, col)`` in elements; fully parenthesised, so it is also Python."""
+    if hasattr(layout, "render_index"):  # a layout that renders itself (hopper_layouts.SwizzledTile)
+        return layout.render_index(row, col)
     linear = f"(({row}) * {layout.row_stride} + ({col}))"
     s = layout.swizzle
     return f"({linear} ^ (({linear} >> {s.shift}) & {s.mask}))" if s else linear

@@ -39,6 +39,7 @@ class SmemBuffer:
     layout: TileLayout | None = None
     stages: int = 1
     ldmatrix: bool = False  # read by ldmatrix (its layout must be conflict-free)
+    align: int = 0          # bytes its start needs beyond the arch's alignment (a swizzle period; 0: none)
 
 
 @dataclass
@@ -70,6 +71,15 @@ class KernelIR:
     splits: int = 1                   # CTAs sharing one block's loop
     state_floats: int = 0             # partial state each of them publishes (floats)
     split_state_floats: int = 0       # the partial state one CTA would publish were the loop split (any split)
+    pipeline: object = None           # sm_90a: the TMA pipeline (hopper_pipeline.TmaPipeline), or None
+    async_reads: bool = False         # sm_90a: wgmma reads shared memory (generic writes are fenced for it)
+    path: str = "sync"                # "sync" (cp.async + mma.sync) or "hopper" (sm_90a: TMA pipeline, wgmma)
+    wgmma_flops: int = 0              # tensor-core FLOPs of a loop trip's products on wgmma
+
+    @property
+    def block_threads(self) -> int:
+        """Threads a CTA launches with: the block graph's, plus the producer warpgroup of a TMA pipeline."""
+        return self.pipeline.threads if self.pipeline else self.graph.threads
 
     @property
     def trips(self) -> int:

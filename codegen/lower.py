@@ -10,6 +10,8 @@ Where each value lives decides everything (``placement``); one module per concer
 * ``reductions``: per row of a Frag with quad shuffles (``Rows``), else groups of lanes (``Spread``);
 * ``accumulators``: state in registers in its operand's layout, joined each iteration;
 * ``stores``: outputs to global memory;
+* on sm_90a's path (``path="hopper"``): ``hopper_pipeline`` lands the loop's tiles by TMA (a producer warpgroup,
+  mbarriers) in the swizzled layout wgmma reads, and ``wgmma`` takes the products that fit it (mma calls it first);
 * ``values``: reading any of these at a loop's element, materialising a register value to shared memory
   (``Smem``) when another layout must read it; ``loops``: how threads walk the elements they hold.
 
@@ -45,7 +47,7 @@ class Lowering:
     (``place``), the shared buffers, the steps emitted so far, and the kernel-scope declarations."""
 
     def __init__(self, graph: BlockGraph, name: str, arch: ArchSpec, inputs: list[InputView],
-                 outputs: list[OutputView], params: list, stages: int = 2, splits: int = 1):
+                 outputs: list[OutputView], params: list, stages: int = 2, splits: int = 1, path: str = "sync"):
         self.g, self.name, self.arch = graph, name, arch
         self.inputs, self.outputs, self.params = inputs, outputs, params
         self.T = graph.threads
@@ -81,6 +83,11 @@ class Lowering:
         self.stage_bufs: list[str] = []
         self.loop_copy: tuple = ([], [])
         self.state_floats = 0                 # partial state one CTA publishes when split (floats)
+        self.hopper = path == "hopper" and (arch.tma or arch.wgmma)  # sm_90a's path: TMA pipeline, wgmma
+        self.tma_tiles: list = []
+        self.pipeline = None
+        self.async_reads = False
+        self.wgmma_flops = 0
 
     # -- names ---------------------------------------------------------------------------------------------------
     def factor(self, m) -> Factor:
@@ -179,7 +186,8 @@ class Lowering:
         rest = [s for s in self.steps if s.region != "pro"]
         return KernelIR(self.name, self.g, self.params, self.buffers, pro + rest, self.kernel_decls,
                         self.acc_decls, self.loop_head, self.stages,
-                        bool(self.stage_bufs), self.stage_bufs, self.splits, self.state_floats, split_state)
+                        bool(self.stage_bufs), self.stage_bufs, self.splits, self.state_floats, split_state,
+                        self.pipeline, self.async_reads, "hopper" if self.hopper else "sync", self.wgmma_flops)
 
     def lower(self, node) -> None:
         op = node.op

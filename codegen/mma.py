@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mugraph.codegen import accumulators, loops, values
+from mugraph.codegen import accumulators, loops, values, wgmma
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
 from mugraph.codegen.layouts import (MMA, PATH, Frag, Spread, TileLayout, broadcast, ceil_div, choose_frag, linear,
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 
 def lower_matmul(lw: Lowering, node) -> None:
+    if wgmma.lower_matmul(lw, node):  # sm_90a's path, where the product fits wgmma
+        return
     a, b = node.srcs
     dt = mma_dtype(a.dtype, b.dtype)
     if not dt.is_16bit and lw.arch.fp32_matmul == "simt":
@@ -132,20 +134,22 @@ def register_a_ok(fa: Frag, f: Frag, src, node, k: int) -> bool:
             and fa.used == f.used)
 
 
-def stage(lw: Lowering, src, role: str, dt: DType, part: str = ""):
-    """A 16-bit, ldmatrix-ready copy of ``src`` (rounded to the mma dtype, K padded with zeros)."""
-    key = (src, role, dt, part, lw.version(src))
+def stage(lw: Lowering, src, role: str, dt: DType, part: str = "", layout: TileLayout | None = None):
+    """A 16-bit, ldmatrix-ready copy of ``src`` (rounded to the mma dtype, K padded with zeros); ``layout``: the
+    copy's layout instead (wgmma's swizzled tiles: no padding)."""
+    key = (src, role, dt, part, lw.version(src), layout)
     if key in lw.staged:
         return lw.staged[key]
     shape = tuple(src.shape)
     rows, cols = (shape[-2] if len(shape) > 1 else 1), shape[-1]
     batch = prod(shape[:-2])
     rows_p, cols_p = (rows, round_up(cols, 16)) if role == "A" else (round_up(rows, 16), round_up(cols, 8))
-    layout = mma_tile(batch, rows_p, cols_p, 2)
+    layout = layout or mma_tile(batch, rows_p, cols_p, 2)
+    align = getattr(getattr(layout.matrix, "mode", None), "period", 0)
     ctype = R.DTYPE_C[dt]
     convert = R.SPLIT_C[part] if part else ctype.store.format
     buf = lw.buffer("operand", layout.nbytes, f"{describe(src)} as {dt.short}{' ' + part if part else ''} "
-                    f"operand {role}", ctype=ctype.storage, layout=layout, ldmatrix=True)
+                    f"operand {role}", ctype=ctype.storage, layout=layout, ldmatrix=True, align=align)
     p = lw.place[src]
     if isinstance(p, Reg) and isinstance(p.layout, Frag):
         lines, reads = _stage_from_frag(lw, src, p, buf, layout, rows, cols, convert)

@@ -77,6 +77,10 @@ class KernelLaunch:
     smem_bytes: int  # dynamic shared memory; above 48 KiB the launcher must raise the kernel's attribute
     args: tuple
     library_op: object = None
+    # sm_90a: the TMA tensor maps the kernel takes after ``args``, by value (codegen.tma.TensorMapSpec, each over a
+    # buffer of the plan: a launcher encodes it for that buffer's address at each launch)
+    tensor_maps: tuple = ()
+    cluster: tuple = (1, 1, 1)  # thread-block cluster dims (the kernel's __cluster_dims__; the CPU harness's)
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,11 @@ def lifetimes(ir: KernelIR) -> dict[str, tuple[int, int]]:
             spans.setdefault(name.split("#")[0], []).append(i)
     for name in ir.staged_inputs:  # written by each iteration's prefetch, read by the next
         spans.setdefault(name, []).extend([lo, hi] if lo is not None else [])
+        if ir.pipeline:  # a TMA producer fills the stages from the kernel's start, beside the prologue
+            spans[name].append(0)
+    for name, buf in ir.buffers.items():  # mbarriers: in use from the kernel's start to its end
+        if buf.role == "barrier":
+            spans[name] = [0, max(0, len(ir.steps) - 1)]
     out = {}
     for name in ir.buffers:
         steps = spans.get(name) or [0]
@@ -170,11 +179,11 @@ def place_buffers(buffers: dict[str, SmemBuffer], spans: dict, align: int) -> di
         first, last = spans[buf.name]
         busy = sorted((placed[o], placed[o] + buffers[o].nbytes) for o in placed
                       if spans[o][0] <= last and first <= spans[o][1])
-        offset = 0
+        offset, step = 0, max(align, buf.align)
         for start, end in busy:
             if offset + buf.nbytes <= start:
                 break
-            offset = max(offset, _align(end, align))
+            offset = max(offset, _align(end, step))
         placed[buf.name] = offset
     return placed
 
@@ -212,13 +221,14 @@ def lower_and_plan(bg: BlockGraph, arch: ArchSpec, name: str, views) -> tuple[Ke
     """Lowered and placed by the block graph's schedule (``schedule.kernel_schedule``: splits and stages)."""
     from mugraph.codegen.schedule import kernel_schedule
     s = kernel_schedule(bg, arch)
-    ir = lower_block_graph(bg, arch, name, views, s.stages, s.splits)
+    ir = lower_block_graph(bg, arch, name, views, s.stages, s.splits, s.path)
     return ir, plan_ir_smem(ir, arch)
 
 
-def lowered(bg: BlockGraph, arch: ArchSpec, stages: int, splits: int) -> tuple[KernelIR, SmemPlan]:
+def lowered(bg: BlockGraph, arch: ArchSpec, stages: int, splits: int,
+            path: str = "sync") -> tuple[KernelIR, SmemPlan]:
     """``bg`` lowered with contiguous inputs and placed (what the schedule reads; it memoises its own result)."""
-    ir = lower_block_graph(bg, arch, "kernel", default_views(bg), stages, splits)
+    ir = lower_block_graph(bg, arch, "kernel", default_views(bg), stages, splits, path)
     return ir, plan_ir_smem(ir, arch)
 
 
@@ -229,7 +239,7 @@ def default_views(bg: BlockGraph) -> tuple[list[InputView], list[OutputView]]:
 
 
 def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: int = 2,
-                      splits: int = 1) -> KernelIR:
+                      splits: int = 1, path: str = "sync") -> KernelIR:
     inputs, outputs = views
     if bg.threads > arch.max_threads:
         raise ResourceError(f"block graph {bg!r} uses {bg.threads} threads; {arch.name} allows {arch.max_threads}")
@@ -244,7 +254,7 @@ def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: 
         raise InvalidGraph(f"a loop of {bg.forloop} trips does not split into {splits} equal shares")
     if splits > 1:  # the partial states and the finished-CTA counters (splits.py)
         params += [(SCRATCH, DType.FLOAT32, False), (COUNTERS, None, False)]
-    return Lowering(bg, name, arch, inputs, outputs, params, stages, splits).run()
+    return Lowering(bg, name, arch, inputs, outputs, params, stages, splits, path).run()
 
 
 def row_major(shape) -> tuple:

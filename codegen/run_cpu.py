@@ -52,8 +52,9 @@ def run_plan(module: GeneratedModule, cpu: CpuModule | None, arrays, *, schedule
     for launch in plan.kernels:
         args = [buffers[a] for a in launch.args]
         if launch.kind == "custom":
-            cpu.run(launch.name, args, launch.grid, launch.block, launch.smem_bytes, schedule=schedule,
-                    seed=seed, workers=workers)
+            maps = [m.encode_cpu(buffers[m.buffer].ctypes.data) for m in launch.tensor_maps]  # sm_90a: TMA
+            cpu.run(launch.name, args + maps, launch.grid, launch.block, launch.smem_bytes, schedule=schedule,
+                    seed=seed, workers=workers, cluster=launch.cluster)
         else:
             *srcs, out = args
             library_op(launch.library_op.op)(np, launch.library_op, srcs, out)

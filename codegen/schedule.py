@@ -19,6 +19,9 @@ The rules, in order:
 * stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
   at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
   below two).
+* path (sm_90a): the schedule above for the cp.async + mma.sync code and for Hopper's (a TMA pipeline with a
+  producer warpgroup, wgmma where a product fits it) when that differs; the one ``hopper_model`` estimates
+  faster runs (a tie keeps cp.async + mma.sync).
 """
 from __future__ import annotations
 
@@ -54,6 +57,11 @@ class KernelSchedule:
     smem_bytes: int         # dynamic shared memory of one CTA (the planner's total)
     state_bytes: int        # partial state one CTA publishes when split (0 otherwise)
     regs: int               # registers per thread (estimate: state, fragments, live values)
+    path: str = "sync"      # "sync": cp.async + mma.sync; "hopper" (sm_90a): TMA pipeline and / or wgmma
+    tma: bool = False       # the loop's tiles land by TMA (a producer warpgroup: ``threads`` includes it)
+    wgmma: bool = False     # some block matmul runs on wgmma
+    trip_flops: int = 0     # tensor-core FLOPs of one block's loop trip
+    wgmma_flops: int = 0    # ... of them on wgmma
 
     @property
     def blocks(self) -> int:
@@ -74,8 +82,12 @@ class KernelSchedule:
 
     @property
     def bytes_in_flight(self) -> int:
-        """Bytes one CTA has requested and not yet consumed while its loop streams."""
-        return max(1, min(self.stages, self.trips) - 1) * self.stage_bytes if self.stage_bytes else 0
+        """Bytes one CTA has requested and not yet consumed while its loop streams: every stage the TMA producer
+        has refilled, or all but the one cp.async stage being computed on."""
+        if not self.stage_bytes:
+            return 0
+        return (min(self.stages, self.trips) if self.tma else max(1, min(self.stages, self.trips) - 1)) * \
+            self.stage_bytes
 
     @property
     def min_blocks(self) -> int:
@@ -115,11 +127,23 @@ def full_schedule(bg: BlockGraph, arch="sm_90") -> KernelSchedule:
 
 
 def plan_schedule(bg: BlockGraph, arch: ArchSpec, measure) -> KernelSchedule:
-    """The module docstring's rules on the footprint of ``bg`` at one stage and one CTA per loop; ``measure``
-    (``DERIVED`` or ``FULL``) gives the partial state a split would publish and the figures at the chosen plan."""
+    """The module docstring's rules on the footprint of ``bg`` at one stage and one CTA per loop, for each code
+    path the arch has; ``measure`` (``DERIVED`` or ``FULL``) gives the partial state a split would publish and the
+    figures at the chosen plan."""
+    from mugraph.codegen import hopper_model
+    options = [plan_path(bg, arch, measure, "sync")]
+    if arch.tma or arch.wgmma:
+        hopper = plan_path(bg, arch, measure, "hopper")
+        if hopper.tma or hopper.wgmma:
+            options.append(hopper)
+    return hopper_model.choose(bg, arch, options)
+
+
+def plan_path(bg: BlockGraph, arch: ArchSpec, measure, path: str) -> KernelSchedule:
+    """The schedule of ``bg`` on one code path."""
     from mugraph.codegen.plan import lowered
     state_of, figures_at = measure
-    ir, plan = lowered(bg, arch, 1, 1)  # one buffer per tile: the footprint every deeper pipeline adds to
+    ir, plan = lowered(bg, arch, 1, 1, path)  # one buffer per tile: the footprint every deeper pipeline adds to
     stage_bytes = sum(ir.buffers[b].nbytes for b in ir.staged_inputs)
     invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
     state = state_of(bg, arch, ir) if arch.split_loops else 0
@@ -127,8 +151,13 @@ def plan_schedule(bg: BlockGraph, arch: ArchSpec, measure) -> KernelSchedule:
                            trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32)
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
     stages, smem, state, regs = figures_at(bg, arch, ir, plan, stages, splits)
-    return KernelSchedule(arch.name, bg.grid, bg.threads, bg.forloop, splits, stages, stage_bytes, invariant,
-                          smem, state, regs)
+    s = KernelSchedule(arch.name, bg.grid, ir.block_threads, bg.forloop, splits, stages, stage_bytes, invariant,
+                       smem, state, regs, ir.path, ir.pipeline is not None, ir.async_reads, trip_flops(bg),
+                       ir.wgmma_flops)
+    if s.tma:  # setmaxnreg: the kernel launches with the registers its consumers take (hopper_pipeline)
+        from mugraph.codegen.hopper_pipeline import consumer_regs
+        s = replace(s, regs=max(regs, consumer_regs(bg.threads, s.min_blocks)))
+    return s
 
 
 def _derived_state(bg: BlockGraph, arch: ArchSpec, one) -> int:
@@ -142,7 +171,7 @@ def _derived_at(bg: BlockGraph, arch: ArchSpec, one, plan, stages: int, splits: 
     split loop when it is split): stages change nothing but the pipeline's buffers (``_smem_at``)."""
     if splits > 1:
         from mugraph.codegen.plan import lowered
-        one, plan = lowered(bg, arch, 1, splits)
+        one, plan = lowered(bg, arch, 1, splits, one.path)
     stages = max(1, min(stages, one.trips))  # as the lowering clamps them
     return stages, _smem_at(one, plan, arch, stages), 4 * one.state_floats, _registers(one)
 
@@ -169,12 +198,12 @@ def _full_state(bg: BlockGraph, arch: ArchSpec, one) -> int:
     if not divisors:
         return 0
     from mugraph.codegen.plan import lowered
-    return 4 * lowered(bg, arch, 1, divisors[0])[0].state_floats
+    return 4 * lowered(bg, arch, 1, divisors[0], one.path)[0].state_floats
 
 
 def _full_at(bg: BlockGraph, arch: ArchSpec, one, plan, stages: int, splits: int) -> tuple:
     from mugraph.codegen.plan import lowered
-    ir, plan = lowered(bg, arch, stages, splits)
+    ir, plan = lowered(bg, arch, stages, splits, one.path)
     return ir.stages, plan.total_bytes, 4 * ir.state_floats, _registers(ir)
 
 

@@ -40,6 +40,8 @@ import weakref
 from dataclasses import dataclass
 from enum import Enum
 
+from mugraph.codegen import hopper_model
+from mugraph.codegen.arch import get_arch
 from mugraph.codegen.mma import FP32_MMA_PRODUCTS
 from mugraph.codegen.schedule import KernelSchedule, kernel_schedule
 from mugraph.ir.block import BlockGraph, Phase
@@ -451,7 +453,7 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
     rate = _streaming_rate(resident * s.bytes_in_flight, t)
     memory = max(hbm / rate, (c.traffic + partials) / t.l2_bandwidth,
                  busiest * (c.traffic + partials) / s.ctas / t.sm_load_bandwidth)
-    compute = (c.tc_flops / t.mma_sync_flops + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest)
+    compute = (c.tc_flops / _tc_rate(s, t) + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest)
     latency = waves * t.hbm_latency_s + _split_tail(s, t)
     body = max(memory, compute)
     seconds = body + latency + launch
@@ -460,6 +462,17 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
     return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, s.ctas,
                           per_sm, waves, s.smem_bytes, bound, s.launch_grid, s.splits, s.stages,
                           inflight_sm)
+
+
+# ---- sm_90a hook (codegen/hopper_model.py): products on wgmma reach the tensor-core peak, not mma.sync's; a TMA
+# pipeline's bytes in flight and producer warpgroup are already in the schedule (bytes_in_flight, threads) ----------
+def _tc_rate(s: KernelSchedule, t: Target) -> float:
+    return hopper_model.tensor_core_rate(s, t.mma_sync_flops, t.tc_flops)
+
+
+def _tc_peak(t: Target) -> float:
+    """The fastest tensor-core rate a custom kernel can reach on the target's arch (a floor's rate)."""
+    return max(t.mma_sync_flops, t.tc_flops) if get_arch(t.arch).wgmma else t.mma_sync_flops
 
 
 def _lanes(s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> float:
@@ -517,7 +530,7 @@ def _custom_floor(bg: BlockGraph, srcs, t: Target, launch: float) -> float:
     c = block_cost(bg)
     hbm = sum(min(r.traffic, _unique_bytes(s)) for r, s in zip(c.reads, srcs)) + c.write_bytes
     memory = max(hbm / _bandwidth(t), c.traffic / t.l2_bandwidth, c.traffic / t.sm_count / t.sm_load_bandwidth)
-    compute = c.tc_flops / t.mma_sync_flops + c.simt_flops / t.simt_flops
+    compute = c.tc_flops / _tc_peak(t) + c.simt_flops / t.simt_flops
     return max(memory, compute) + t.hbm_latency_s + launch
 
 

@@ -37,6 +37,10 @@ struct __align__(16) mg_u32x4 {  // 16 bytes, for vectorised global/shared copie
   unsigned x, y, z, w;
 };
 
+struct __align__(64) mg_tmap {  // a TMA tensor map (CUtensorMap: 128 opaque bytes; the CPU harness has its own)
+  unsigned long long w[16];
+};
+
 // Whole-vector stores through a typed address (codegen writes these instead of casting, so checks see them).
 #if defined(__CUDACC__)
 MG_DEVICE void mg_st16(void* p, mg_u32x4 v) { *(mg_u32x4*)p = v; }
@@ -385,3 +389,5 @@ inline float mg_ldcg(const float* p) {
   return *p;
 }
 #endif
+
+#include "sm90_intrin.cuh"  // Hopper (sm_90a): mbarriers, TMA, wgmma, setmaxnreg, named barriers, clusters
