@@ -119,6 +119,8 @@ def input_base(lw: Lowering, spec, view: InputView, buf: str) -> str:
         step = lw.F * spec.tile_shape[spec.fmap] * view.strides[spec.fmap]
         if step:
             terms.append(f"(long long)sp_ * {step}")
+    if view.offset:  # a slice's window starts inside its buffer
+        terms.append(f"{view.offset}LL")
     name = f"{buf}g"
     lw.kernel_decls.append(f"const long long {name} = {' + '.join(terms) or '0'};  // block's tile origin")
     return name
@@ -143,7 +145,7 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
     if view.iota is not None:
         return iota_lines(lw, spec, view, dst, layout, offset), False
     vector = view.strides[-1] == 1 and (cols * size) % CHUNK == 0 and \
-        all((s * size) % CHUNK == 0 for s in view.strides[:-1])
+        all((s * size) % CHUNK == 0 for s in view.strides[:-1]) and (view.offset * size) % CHUNK == 0
     if vector:
         per_row = cols // chunk
         n = prod(rows_shape) * per_row

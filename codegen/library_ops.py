@@ -132,6 +132,7 @@ LIBRARY_OPS: Mapping = {
     KOp.TRANSPOSE: lambda xp, node, srcs, out: _store(out, xp.transpose(srcs[0], node.arg)),
     KOp.RESHAPE: lambda xp, node, srcs, out: _store(out, srcs[0].reshape(node.arg)),
     KOp.BROADCAST: lambda xp, node, srcs, out: _store(out, xp.broadcast_to(srcs[0], node.arg)),
+    KOp.SLICE: lambda xp, node, srcs, out: _store(out, srcs[0][tuple(slice(a, b) for a, b in zip(*node.arg))]),
 } | {op: _elementwise for op in TOp}
 
 # Ops that are never a library launch: inputs are bound, not computed; custom ops are generated kernels.

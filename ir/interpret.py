@@ -107,6 +107,11 @@ def _run_kernel_graph(sem, graph: KernelGraph, arrays) -> list[np.ndarray]:
 
 
 # ---- kernel ops ----------------------------------------------------------------------------------
+def window(arg) -> tuple:
+    """A SLICE's (starts, limits) as NumPy index slices."""
+    return tuple(slice(a, b) for a, b in zip(*arg))
+
+
 def _rms_norm(sem, node, x, dtype, lead: int = 0):
     """x * rsqrt(mean(x^2, dim) + eps), computed in fp32 (or float64) and rounded once."""
     dim, eps = node.arg
@@ -142,6 +147,7 @@ KERNEL_EVAL = {
     KOp.TRANSPOSE: lambda sem, n, s: np.ascontiguousarray(np.transpose(s[0], n.arg)),
     KOp.RESHAPE: lambda sem, n, s: np.reshape(s[0], n.arg),
     KOp.BROADCAST: lambda sem, n, s: np.ascontiguousarray(np.broadcast_to(s[0], n.arg)),
+    KOp.SLICE: lambda sem, n, s: np.ascontiguousarray(s[0][window(n.arg)]),
 } | {op: _elementwise for op in TOp}
 
 

@@ -191,6 +191,11 @@ class KNode(_Node):
     def reshape(self, shape): return KNode(KOp.RESHAPE, (self,), tuple(int(d) for d in shape))
     def broadcast_to(self, shape): return KNode(KOp.BROADCAST, (self,), tuple(int(d) for d in shape))
 
+    def slice(self, starts, limits):
+        """self[starts[0]:limits[0], ...] (strides 1; every dim given)."""
+        return KNode(KOp.SLICE, (self,), (tuple(int(a) for a in starts),
+                                          tuple(int(b) for b in limits)))
+
 
 class BNode(_Node):
     """A tile of one thread block: an input tile, a body value, an accumulator or an epilogue value."""

@@ -73,7 +73,8 @@ class KOp(Enum):
     RMS_NORM = "rms_norm"      # arg: (dim, eps): x * rsqrt(mean(x^2, dim) + eps)
     CONCAT = "concat"          # arg: dim
     TRANSPOSE = "transpose"    # arg: perm; a layout op (strided or .trans load, never a copy)
-    RESHAPE = "reshape"        # arg: shape; adds or drops unit dims only
+    RESHAPE = "reshape"        # arg: shape; row-major: splits, merges, adds or drops dims
+    SLICE = "slice"            # arg: (starts, limits); a static window, strides 1 (a view)
     BROADCAST = "broadcast"    # arg: shape; expands unit dims
     CUSTOM = "custom"          # arg: (BlockGraph, output index); a graph-defined kernel
 
@@ -110,7 +111,7 @@ COMPARISONS = frozenset({TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
 PREDICATES = COMPARISONS | {TOp.IS_FINITE}   # ops whose values are 0/1 masks
 
 KERNEL_REDUCE = frozenset({KOp.REDUCE_SUM, KOp.REDUCE_MAX})
-KERNEL_LAYOUT = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST})
+KERNEL_LAYOUT = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST, KOp.SLICE})
 KERNEL_LEAF = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.IOTA})
 
 BLOCK_REDUCE = frozenset({BOp.REDUCE_SUM, BOp.REDUCE_MAX})

@@ -57,6 +57,8 @@ def _arg_json(node, block_ids) -> object:
         return {"dtype": arg.value}
     if op is BOp.THREAD:
         return to_entries(arg)
+    if op is KOp.SLICE:
+        return {"starts": list(arg[0]), "limits": list(arg[1])}
     if isinstance(arg, tuple):
         return list(arg)
     return arg
@@ -181,6 +183,9 @@ def _scalar_arg(op, arg, field):
         return arg
     if op in (KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST):
         return _ints(arg, field)
+    if op is KOp.SLICE:
+        return (_ints(_get(arg, "starts", list, field), f"{field}.starts"),
+                _ints(_get(arg, "limits", list, field), f"{field}.limits"))
     if op is BOp.THREAD:
         try:
             return from_entries(arg)

@@ -57,7 +57,8 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
     constant 1/n or 1/sqrt(n)) gets a reduced extent whose constants no other constant equals,
     so each can be told apart and re-derived at the real shapes.
     """
-    shrinks = lambda lab: lab.extent > limit and lab.extent % limit == 0  # noqa: E731
+    shrinks = lambda lab: lab.extent > limit and lab.extent % limit == 0 and \
+        lab not in analysis.rigid  # noqa: E731  (a slice's window keeps its extent)
     bound = extent_constants(spec, analysis, shrinks)
     forms: dict = {}
     for n in spec.nodes:
@@ -118,6 +119,10 @@ def _rebuild_kernel_node(node: KNode, mapping, shape) -> KNode:
         arg = (arg[0], shape, arg[2])
     elif node.op in (KOp.RESHAPE, KOp.BROADCAST):
         arg = shape
+    elif node.op is KOp.SLICE:   # its sliced dims are rigid; the others take the new extents
+        starts, limits = arg
+        full = [a == 0 and b == n for a, b, n in zip(starts, limits, node.srcs[0].shape)]
+        arg = (starts, tuple(m if whole else b for whole, b, m in zip(full, limits, shape)))
     elif node.op is KOp.CONSTANT and any(d > 1 for d in arg[1]):
         arg = (arg[0], shape, arg[2])
     return KNode(node.op, srcs, arg)
@@ -144,7 +149,7 @@ def resize(graph: KernelGraph, inputs: list[KNode], choose, constants: dict) -> 
                         return None
                     blocks[key] = resize_block(node.arg[0], srcs, *sizes, constants)
                 mapping[node] = KNode(KOp.CUSTOM, srcs, (blocks[key], node.arg[1]))
-            elif node.op is KOp.RESHAPE:
+            elif node.op in (KOp.RESHAPE, KOp.SLICE):
                 mapping[node] = resized_view(node, srcs[0])
             elif node.op is KOp.BROADCAST:
                 return None

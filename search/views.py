@@ -1,15 +1,19 @@
-"""Layout views: the spec's transposes and reshapes of its inputs, offered to custom kernels for free.
+"""Layout views: the spec's transposes, reshapes and slices of its inputs, offered to custom
+kernels for free.
 
-A layout op is never a copy: a custom kernel reads a transposed or reshaped tensor through its
-strides (codegen's `view_of`, the cost model's `_root`). So `x @ w.T` or `x * s[:, None]` can be
-one kernel that tiles the view, without a library transpose spending a kernel op and a launch.
+A view is never a copy: a custom kernel reads a transposed, reshaped or sliced tensor through
+its strides and offset (`ir.layout.strided_view`, codegen's `view_of`, the cost model's
+`_root`). So `x @ w.T`, `x * s[:, None]`, a head split `q.reshape(b, s, h, d)` or RoPE's
+`x[..., :half]` can be one kernel that tiles the view, without a library copy spending a kernel
+op and a launch. A chain that is no strided view (a head merge after a transpose) is not offered.
 """
 from __future__ import annotations
 
 from mugraph.ir import KernelGraph, KNode
+from mugraph.ir.layout import reshape_groups, strided_view
 from mugraph.ir.ops import KOp
 
-VIEW_OPS = frozenset({KOp.TRANSPOSE, KOp.RESHAPE})
+VIEW_OPS = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.SLICE})
 
 
 def over_inputs(node: KNode) -> bool:
@@ -20,8 +24,10 @@ def over_inputs(node: KNode) -> bool:
 
 
 def input_views(spec: KernelGraph) -> list[KNode]:
-    """The spec's layout nodes (transpose, reshape, chains of them) whose root is an input."""
-    return [n for n in spec.nodes if n.op in VIEW_OPS and over_inputs(n)]
+    """The spec's layout nodes (transpose, reshape, slice, chains of them) whose root is an input
+    and which read it as a strided view."""
+    return [n for n in spec.nodes if n.op in VIEW_OPS and over_inputs(n)
+            and strided_view(n) is not None]
 
 
 def view_tensors(ctx, inputs, make) -> list:
@@ -46,9 +52,21 @@ def as_shape(node: KNode, shape: tuple) -> KNode:
 
 
 def resized_view(node: KNode, src: KNode) -> KNode:
-    """A view rebuilt over a source of new extents: a reshape only adds or drops unit dims, so
-    its non-unit dims take the source's, in order."""
+    """A view rebuilt over a source of new extents. A reshape's dims that keep their extent take
+    the source's new ones; a group it splits or merges keeps its extents (labels under a split
+    or merge are at most the reduced extent, so they never shrink) and fails to rebuild (an
+    InvalidGraph) where the source's changed. A slice keeps its window in the dims it cuts."""
+    if node.op is KOp.SLICE:
+        old = node.srcs[0].shape
+        limits = tuple(m if (a, b) == (0, n) else b
+                       for a, b, n, m in zip(*node.arg, old, src.shape))
+        return KNode(KOp.SLICE, (src,), (node.arg[0], limits))
     if node.op is not KOp.RESHAPE:
         return KNode(node.op, (src,), node.arg)
-    wide = iter(d for d in src.shape if d != 1)
-    return KNode(KOp.RESHAPE, (src,), tuple(next(wide) if d != 1 else 1 for d in node.arg))
+    shape = list(node.arg)
+    for gi, gj in reshape_groups(node.srcs[0].shape, node.arg):
+        wide_i = [i for i in gi if node.srcs[0].shape[i] != 1]
+        wide_j = [j for j in gj if node.arg[j] != 1]
+        if len(wide_i) == 1 and len(wide_j) == 1:
+            shape[wide_j[0]] = src.shape[wide_i[0]]
+    return KNode(KOp.RESHAPE, (src,), tuple(shape))

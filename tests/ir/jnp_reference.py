@@ -65,6 +65,7 @@ JNP_KERNEL = {
     KOp.TRANSPOSE: lambda x, arg: jnp.transpose(x, arg),
     KOp.RESHAPE: lambda x, arg: jnp.reshape(x, arg),
     KOp.BROADCAST: lambda x, arg: jnp.broadcast_to(x, arg),
+    KOp.SLICE: lambda x, arg: jax.lax.slice(x, arg[0], arg[1]),
 }
 
 JNP_EVAL = JNP_KERNEL | JNP_ELEMENTWISE  # INPUT is bound by the caller; CUSTOM is not evaluated

@@ -1,6 +1,6 @@
 """The abstract-expression column of the op tables: IR nodes (kernel and block level) to `Expr`s.
 
-Layout ops (transpose, reshape, broadcast) are identities: the abstraction forgets indices.
+Layout ops (transpose, reshape, broadcast, slice) are identities: the abstraction forgets indices.
 Concat is an opaque, ordered function of its parts. A kernel matmul with inner size K is
 sum(K, a*b); a custom op is its block graph's output expression under the real tiling: an input
 tile is its kernel tensor's expression, a block matmul over a K-tile of k is sum(k, a*b), and an
@@ -111,6 +111,7 @@ KERNEL_LOWER = {
     KOp.TRANSPOSE: lambda node, a: a[0],
     KOp.RESHAPE: lambda node, a: a[0],
     KOp.BROADCAST: lambda node, a: a[0],
+    KOp.SLICE: lambda node, a: a[0],
     KOp.CUSTOM: _custom,
 }
 

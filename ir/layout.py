@@ -1,0 +1,160 @@
+"""Layout algebra: how a reshape groups dims, and when a chain of layout ops is a strided view.
+
+A view reads its root tensor (a row-major buffer) at `offset + sum(index[d] * strides[d])`. A
+transpose permutes strides, a slice moves the offset, a broadcast gives stride 0 to the dims it
+expands, and a row-major reshape regroups dims: splitting a dim is always a view, merging dims is
+one only where they are laid out one after the other (numpy's no-copy reshape rule). A chain with
+a merge that is not (a head merge after a transpose) is no view: it must be copied.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mugraph.ir.ops import KOp
+
+
+def reshape_groups(old: tuple, new: tuple) -> list[tuple[tuple, tuple]]:
+    """The dims of `old` and `new` in matching groups of equal product, in order:
+    [(old dims, new dims), ...]. Each group starts with one dim of each side and takes more from
+    the side whose product is smaller until the products agree; unit dims left at the end join
+    the last group, so every dim is in exactly one group."""
+    groups, i, j = [], 0, 0
+    while i < len(old) and j < len(new):
+        gi, gj, pi, pj = [i], [j], old[i], new[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                pi, i = pi * old[i], i + 1
+                gi.append(i - 1)
+            else:
+                pj, j = pj * new[j], j + 1
+                gj.append(j - 1)
+        groups.append((gi, gj))
+    if groups:
+        groups[-1][0].extend(range(i, len(old)))
+        groups[-1][1].extend(range(j, len(new)))
+    return [(tuple(a), tuple(b)) for a, b in groups]
+
+
+def splits_or_merges(old: tuple, new: tuple) -> bool:
+    """Whether a reshape from `old` to `new` does more than add or drop unit dims."""
+    return [d for d in old if d != 1] != [d for d in new if d != 1]
+
+
+def reshape_strides(old: tuple, strides: tuple, new: tuple) -> tuple | None:
+    """Strides that read `new` from a view of shape `old` with `strides`, or None where the
+    reshape needs a copy (it merges dims that are not laid out one after the other)."""
+    out = [0] * len(new)
+    for gi, gj in reshape_groups(old, new):
+        wide = [d for d in gi if old[d] != 1]
+        for a, b in zip(wide, wide[1:]):
+            if strides[a] != strides[b] * old[b]:
+                return None
+        step = strides[wide[-1]] if wide else 0
+        for d in reversed(gj):
+            out[d] = step if new[d] != 1 else 0
+            step *= new[d]
+    return tuple(out)
+
+
+def row_major(shape) -> tuple:
+    strides, s = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(s)
+        s *= d
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """`root` read at `offset + sum(index[d] * strides[d])` for every index of the view's shape."""
+
+    root: object
+    offset: int
+    strides: tuple
+
+
+def strided_view(node, materialised=lambda n: False) -> StridedView | None:
+    """How `node` reads the buffer of the first non-layout node under it (or of a layout node
+    for which `materialised(n)` holds), or None where the chain is no strided view."""
+    if node.op not in LAYOUT_STRIDES or materialised(node):
+        return StridedView(node, 0, row_major(node.shape))
+    inner = strided_view(node.srcs[0], materialised)
+    if inner is None:
+        return None
+    return LAYOUT_STRIDES[node.op](node, inner)
+
+
+def _transpose(node, v: StridedView) -> StridedView:
+    return StridedView(v.root, v.offset, tuple(v.strides[p] for p in node.arg))
+
+
+def _reshape(node, v: StridedView) -> StridedView | None:
+    strides = reshape_strides(node.srcs[0].shape, v.strides, node.shape)
+    return None if strides is None else StridedView(v.root, v.offset, strides)
+
+
+def _broadcast(node, v: StridedView) -> StridedView:
+    old = node.srcs[0].shape
+    return StridedView(v.root, v.offset, tuple(0 if o == 1 and n != 1 else s
+                                               for o, n, s in zip(old, node.arg, v.strides)))
+
+
+def _slice(node, v: StridedView) -> StridedView:
+    starts = node.arg[0]
+    return StridedView(v.root, v.offset + sum(a * s for a, s in zip(starts, v.strides)),
+                       v.strides)
+
+
+LAYOUT_STRIDES = {KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape, KOp.BROADCAST: _broadcast,
+                  KOp.SLICE: _slice}
+
+
+def written_through(chain: list, shape: tuple) -> tuple | None:
+    """Strides at which a tensor of `shape` lands in the row-major buffer of `chain[-1]`, where
+    `chain` are transposes and reshapes applied in order (each a bijection of elements): the
+    inverse of `strided_view`, for a kernel that writes its output through a view. None where
+    some reshape in it is no view of the buffer."""
+    strides = row_major(chain[-1].shape) if chain else row_major(shape)
+    for node in reversed(chain):
+        if node.op is KOp.TRANSPOSE:
+            back = [0] * len(strides)
+            for d, p in enumerate(node.arg):
+                back[p] = strides[d]
+            strides = tuple(back)
+        elif node.op is KOp.RESHAPE:
+            strides = reshape_strides(node.shape, strides, node.srcs[0].shape)
+            if strides is None:
+                return None
+        else:
+            return None
+    return strides
+
+
+def output_views(graph) -> dict:
+    """{custom op output: (graph output, strides)} for every graph output that is a chain of
+    transposes and reshapes of one custom op's output that nothing else reads, where the chain is
+    a bijection the kernel can write through (`written_through`): the kernel stores its tile
+    straight into the output's buffer, and the chain costs no copy. (A head merge of attention's
+    [B, H, S, D] result into [B, S, H*D] is one: strides (S*H*D, D, H*D, 1).)"""
+    users: dict = {}
+    for node in graph.nodes:
+        for src in node.srcs:
+            users.setdefault(src, []).append(node)
+    outputs = set(graph.outputs)
+    found = {}
+    for out in dict.fromkeys(graph.outputs):
+        chain, node = [], out
+        while node.op in (KOp.TRANSPOSE, KOp.RESHAPE):
+            chain.append(node)
+            node = node.srcs[0]
+        if not chain or node.op is not KOp.CUSTOM or node in outputs or node in found:
+            continue
+        inner = chain[1:] + [node]
+        if any(len(users.get(n, ())) != 1 or (n in outputs and n is not out) for n in inner):
+            continue
+        strides = written_through(chain[::-1], node.shape)
+        if strides is not None:
+            found[node] = (out, strides)
+    return found
