@@ -81,7 +81,9 @@ def bind_inputs(graph: KernelGraph, arrays) -> list:
     arrays = list(arrays)
     if len(arrays) != len(names):
         raise InvalidInput(f"the graph takes {len(names)} inputs {list(names)}, got {len(arrays)} arrays")
-    for name, node, a in zip(names, graph.inputs, arrays):
+    for i, (name, node, a) in enumerate(zip(names, graph.inputs, arrays)):
+        if np.shape(a) == () and node.shape == (1,):   # a 0-d scalar input is held as [1]
+            arrays[i] = a = np.reshape(a, (1,))
         if tuple(np.shape(a)) != node.shape:
             raise InvalidInput(f"input {name!r} has shape {tuple(np.shape(a))}, the graph expects "
                                f"{node.shape}", hint="pass arrays of the traced shapes")
@@ -139,6 +141,7 @@ def _elementwise(sem, node, srcs):
 KERNEL_EVAL = {
     KOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
     KOp.IOTA: lambda sem, n, s: _iota(sem, n),
+    KOp.TABLE: lambda sem, n, s: sem.table(n.arg),
     KOp.MATMUL: lambda sem, n, s: sem.matmul(s[0], s[1], n.dtype),
     KOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, n.dtype),
     KOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, n.dtype),

@@ -241,6 +241,12 @@ def kernel_iota(shape, dim: int, dtype="float32") -> KNode:
     return KNode(KOp.IOTA, (), (shape, dim, DType.parse(dtype)))
 
 
+def kernel_table(values, dtype="float32") -> KNode:
+    """A constant tensor holding `values` (an array; rounded to `dtype`)."""
+    from mugraph.ir.table_values import table_arg
+    return KNode(KOp.TABLE, (), table_arg(values, DType.parse(dtype)))
+
+
 def concat(nodes, dim: int) -> KNode:
     """Kernel-level concatenation along `dim`."""
     nodes = tuple(nodes)

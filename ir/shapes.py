@@ -169,6 +169,18 @@ def _iota(op, srcs, arg):
     return shape, arg[2]
 
 
+def _table(op, srcs, arg):
+    from mugraph.ir.table_values import TableValues
+    _arity(op, srcs, 0)
+    if not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], TableValues)
+            and isinstance(arg[2], DType)):
+        raise InvalidGraph(f"table needs (TableValues, shape, dtype), got {arg!r}")
+    shape = check_shape(arg[1], "table")
+    if len(arg[0]) != math.prod(shape):
+        raise ShapeError(f"a table of {len(arg[0])} values has shape {_fmt(shape)}")
+    return shape, arg[2]
+
+
 def _concat(op, srcs, arg):
     if len(srcs) < 2:
         raise InvalidGraph(f"concat needs at least 2 operands, got {len(srcs)}")
@@ -254,7 +266,8 @@ def _custom(op, srcs, arg):
 
 
 KERNEL_SHAPE = {
-    KOp.INPUT: _input, KOp.CONSTANT: _constant, KOp.IOTA: _iota, KOp.MATMUL: _kernel_matmul,
+    KOp.INPUT: _input, KOp.CONSTANT: _constant, KOp.IOTA: _iota, KOp.TABLE: _table,
+    KOp.MATMUL: _kernel_matmul,
     KOp.REDUCE_SUM: _reduce, KOp.REDUCE_MAX: _reduce, KOp.RMS_NORM: _rms_norm,
     KOp.CONCAT: _concat, KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape,
     KOp.BROADCAST: _broadcast, KOp.SLICE: _slice, KOp.CUSTOM: _custom,

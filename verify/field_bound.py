@@ -243,8 +243,16 @@ def _thread(sem, node, *srcs) -> Term:
     return evaluate_thread(node, srcs, lambda m, v: _node_term(sem, m, v))
 
 
+def _table(sem, node) -> Term:
+    """A mask table is exact 0/1 constants; any other table a leaf drawn like an input."""
+    if node.arg[0].is_mask:
+        return sem.element(1.0)
+    return _input_term(node)
+
+
 STRUCTURAL = {
     KOp.CONSTANT: lambda sem, node: sem.element(node.arg[0]),
+    KOp.TABLE: _table,
     KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce_sum,

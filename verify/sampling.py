@@ -324,7 +324,7 @@ def _eval_node(sem, node, have, values):
         return _reshaped(args[0], node.srcs[0], node, sets)
     if op is KOp.SLICE:
         return args[0]    # the source was cut to the window's indices already
-    if op in (KOp.CONSTANT, KOp.IOTA):
+    if op in (KOp.CONSTANT, KOp.IOTA, KOp.TABLE):
         full = KERNEL_EVAL[op](sem, node, [])
         return restrict(full, (ALL,) * len(node.shape), sets, node.shape)
     return KERNEL_EVAL[op](sem, node, args)

@@ -57,6 +57,7 @@ def _rms_norm(x, arg):
 JNP_KERNEL = {
     KOp.CONSTANT: lambda arg: jnp.full(arg[1], arg[0], jnp.float32),
     KOp.IOTA: lambda arg: jax.lax.broadcasted_iota(jnp.float32, arg[0], arg[1]),
+    KOp.TABLE: lambda arg: jnp.asarray(arg[0].array(arg[1]), jnp.float32),
     KOp.MATMUL: lambda a, b, arg: jnp.matmul(a, b),
     KOp.REDUCE_SUM: lambda x, arg: jnp.sum(x, axis=arg, keepdims=True),
     KOp.REDUCE_MAX: lambda x, arg: jnp.max(x, axis=arg, keepdims=True),

@@ -1,6 +1,8 @@
 """One small, valid graph per op of every level, for tests that must cover every op."""
 from __future__ import annotations
 
+import numpy as np
+
 from mugraph import ir
 from mugraph.ir import BNode, BOp, KNode, KOp, KernelGraph, TOp
 from mugraph.ir import thread
@@ -22,6 +24,7 @@ def kernel_sample(op) -> KernelGraph:
         KOp.INPUT: lambda: x,
         KOp.CONSTANT: lambda: x * ir.constant(1.5, (1, 1, 4)),
         KOp.IOTA: lambda: x * ir.iota((1, 3, 1), 1),
+        KOp.TABLE: lambda: x * ir.table(np.linspace(-1.0, 1.0, 12).reshape(3, 4), F16),
         KOp.MATMUL: lambda: x @ y,
         KOp.REDUCE_SUM: lambda: x.sum(1),
         KOp.REDUCE_MAX: lambda: x.amax(2),

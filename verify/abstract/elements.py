@@ -247,6 +247,12 @@ def _input(lw: Elements, node: KNode, index, read) -> Expr:
 IOTA = ("iota",)   # the "tensor" whose element at i is i: no input name (a str) equals it
 
 
+def _table(lw: Elements, node: KNode, index, read) -> Expr:
+    """A table's element: an uninterpreted tensor named by the table's content (no input name,
+    a str, equals the tuple)."""
+    return Expr(Op.ACCESS, (), (("table", node.arg[0].digest), tuple(index)))
+
+
 def _iota(lw: Elements, node: KNode, index, read) -> Expr:
     """An index tensor's element: its index along `dim`, an uninterpreted function of it."""
     dim = node.arg[1]
@@ -319,6 +325,7 @@ def _custom(lw: Elements, node: KNode, index, read) -> Expr:
 
 KERNEL_ELEMENT = {
     KOp.INPUT: _input,
+    KOp.TABLE: _table,
     KOp.TRANSPOSE: _transpose,
     KOp.RESHAPE: _reshape,
     KOp.SLICE: _slice,

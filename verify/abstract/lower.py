@@ -99,8 +99,14 @@ def _iota(node: KNode, a) -> Expr:
     return E.var(f"%iota{dim}", shape)
 
 
+def _table(node: KNode, a) -> Expr:
+    """A table is a leaf of its own, named by its content."""
+    return E.var(f"%table{node.arg[0].digest}", node.shape)
+
+
 KERNEL_LOWER = {
     KOp.INPUT: _kernel_input,
+    KOp.TABLE: _table,
     KOp.CONSTANT: lambda node, a: E.const(node.arg[0]),
     KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
