@@ -49,6 +49,7 @@ from jax.extend.core import ClosedJaxpr, Literal
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
+from mugraph.ir.layout import strided_view
 from mugraph.ir.node import (KNode, concat, kernel_constant, kernel_input, kernel_iota,
                              kernel_table, toposort)
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp, is_mask
@@ -809,14 +810,14 @@ _DOT_HINT = ("mugraph lifts batched matmuls [..., M, K] @ [..., K, N]: one contr
              "in that form")
 
 
-def _dot_slots(eqn):
-    """The IR layouts of both operands (jaxpr dims in order; None = a unit dim) and the result.
+def _dot_slots(dims, lrank: int, rrank: int):
+    """The IR layouts of both operands (jaxpr dims in order; None = a unit dim) and, per IR dim
+    of the result, the dim of the dot_general's output it holds.
 
     The last free dim of each side is M (or N); the rest lead, like batch dims: paired batch dims,
     or extra free dims on one side only, which the IR matmul broadcasts against the other.
     """
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    lrank, rrank = len(eqn.invars[0].aval.shape), len(eqn.invars[1].aval.shape)
+    (lc, rc), (lb, rb) = dims
     lf = [d for d in range(lrank) if d not in (*lc, *lb)]
     rf = [d for d in range(rrank) if d not in (*rc, *rb)]
     if len(lc) != 1:
@@ -835,17 +836,59 @@ def _dot_slots(eqn):
     return lslots, rslots, out
 
 
+def _swapped(dims, lrank: int, rrank: int):
+    """The same product as B^T A^T: (slots of rhs as the IR's left operand, slots of lhs as its
+    right one, and the original output dim of each IR result dim)."""
+    (lc, rc), (lb, rb) = dims
+    lslots, rslots, out = _dot_slots(((rc, lc), (rb, lb)), rrank, lrank)
+    nb, nlf = len(lb), lrank - len(lc) - len(lb)
+    nrf = rrank - len(rc) - len(rb)
+
+    def original(p):
+        if p is None or p < nb:
+            return p
+        return nb + nlf + (p - nb) if p < nb + nrf else nb + (p - nb - nrf)
+    return lslots, rslots, tuple(original(p) for p in out)
+
+
+def _moves_computed_dims(v: View, slots) -> bool:
+    """Whether arranging `v` in `slots` transposes a computed tensor (not a view of an input or
+    an index): a copy, where a view of an input is free."""
+    mapped = [slots.index(label) for label in v.labels if label is not None and label in slots]
+    if mapped == sorted(mapped):
+        return False
+    root = strided_view(v.node)
+    return root is None or root.root.op not in (KOp.INPUT, KOp.IOTA, KOp.TABLE)
+
+
+def _dot_layout(eqn, lhs: View, rhs: View):
+    """(left view, right view, left slots, right slots, out): the operand order that transposes
+    fewer computed tensors (attention's probs @ V rather than V^T @ probs^T; the result is a lazy
+    view either way)."""
+    dims = eqn.params["dimension_numbers"]
+    lrank, rrank = len(lhs.shape), len(rhs.shape)
+    lslots, rslots, out = _dot_slots(dims, lrank, rrank)
+    try:
+        sl, sr, sout = _swapped(dims, lrank, rrank)
+    except _Unsupported:
+        return lhs, rhs, lslots, rslots, out
+    cost = _moves_computed_dims(lhs, lslots) + _moves_computed_dims(rhs, rslots)
+    if _moves_computed_dims(rhs, sl) + _moves_computed_dims(lhs, sr) < cost:
+        return rhs, lhs, sl, sr, sout
+    return lhs, rhs, lslots, rslots, out
+
+
 def lift_dot_general(eqn, lhs, rhs):
     """dot_general as an IR matmul; operands not in [..., M, K] / [..., K, N] order are
     transposed. Several contracting dims, or free dims on both sides next to batch dims (Flax's
     LinearGeneral [B, S, D] x [D, H, hd], an einsum over heads), become one matmul of the
     operands reshaped to [batch..., M, K] @ [batch..., K, N] (views where the dims are
     contiguous) and a reshape of the result to JAX's [batch..., free left..., free right...]."""
-    try:
-        lslots, rslots, out = _dot_slots(eqn)
-    except _Unsupported:
-        return _grouped_dot(eqn, _as_view(lhs), _as_view(rhs))
     lhs, rhs = _as_view(lhs), _as_view(rhs)
+    try:
+        lhs, rhs, lslots, rslots, out = _dot_layout(eqn, lhs, rhs)
+    except _Unsupported:
+        return _grouped_dot(eqn, lhs, rhs)
     # Batch and free dims may stay unit (the IR matmul broadcasts, the result view keeps them
     # unit); the contracting dim (last on the left, next to last on the right) must be real.
     left = _fill(_arrange(lhs, lslots), lslots, lhs.shape, keep_unit=lslots[:-1])

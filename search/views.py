@@ -10,7 +10,7 @@ op and a launch. A chain that is no strided view (a head merge after a transpose
 from __future__ import annotations
 
 from mugraph.ir import KernelGraph, KNode
-from mugraph.ir.layout import reshape_groups, strided_view
+from mugraph.ir.layout import reshape_groups, strided_view, written_through
 from mugraph.ir.ops import KOp
 
 VIEW_OPS = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.SLICE})
@@ -70,3 +70,24 @@ def resized_view(node: KNode, src: KNode) -> KNode:
         if len(wide_i) == 1 and len(wide_j) == 1:
             shape[wide_j[0]] = src.shape[wide_i[0]]
     return KNode(KOp.RESHAPE, (src,), tuple(shape))
+
+
+def output_chain(node: KNode) -> tuple[KNode, list]:
+    """(the tensor under an output's transposes and reshapes, those layout nodes from the
+    output down): a kernel that computes the tensor writes the output through them
+    (`ir.layout.output_views`) where they are a bijection of its elements."""
+    chain = []
+    while node.op in (KOp.TRANSPOSE, KOp.RESHAPE):
+        chain.append(node)
+        node = node.srcs[0]
+    if chain and written_through(chain[::-1], node.shape) is None:
+        return node, []
+    return node, chain
+
+
+def rebuilt_chain(chain: list, core: KNode) -> KNode:
+    """The layout chain of `output_chain` applied to `core` (a tensor of the chain's core shape)."""
+    node = core
+    for link in reversed(chain):
+        node = KNode(link.op, (node,), link.arg)
+    return node

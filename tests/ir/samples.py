@@ -31,7 +31,7 @@ def kernel_sample(op) -> KernelGraph:
         KOp.RMS_NORM: lambda: x.rms_norm(-1, 1e-5),
         KOp.CONCAT: lambda: ir.concat([x, y.transpose((0, 2, 1))], 0),
         KOp.TRANSPOSE: lambda: x.transpose((2, 0, 1)),
-        KOp.RESHAPE: lambda: (x + 1.0).reshape((6, 4)).reshape((3, 2, 4)),
+        KOp.RESHAPE: lambda: (x + 1.0).reshape((2, 12)).reshape((2, 3, 2, 2)),
         KOp.SLICE: lambda: (x + 1.0).slice((0, 1, 2), (2, 3, 4)),
         KOp.BROADCAST: lambda: x.sum(1).broadcast_to((2, 5, 4)),
         KOp.CUSTOM: lambda: _custom_node(x, y),

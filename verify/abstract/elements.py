@@ -249,8 +249,8 @@ IOTA = ("iota",)   # the "tensor" whose element at i is i: no input name (a str)
 
 def _table(lw: Elements, node: KNode, index, read) -> Expr:
     """A table's element: an uninterpreted tensor named by the table's content (no input name,
-    a str, equals the tuple)."""
-    return Expr(Op.ACCESS, (), (("table", node.arg[0].digest), tuple(index)))
+    a str, equals the tuple), which carries its values for numeric evaluation."""
+    return Expr(Op.ACCESS, (), (("table", node.arg[0], node.shape), tuple(index)))
 
 
 def _iota(lw: Elements, node: KNode, index, read) -> Expr:
