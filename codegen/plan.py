@@ -19,7 +19,7 @@ from mugraph.ir.block import BlockGraph
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph, ResourceError
 from mugraph.ir.graph import KernelGraph
-from mugraph.ir.layout import StridedView, output_views, row_major, strided_view
+from mugraph.ir.layout import StridedView, materialised, output_views, row_major, strided_view
 from mugraph.ir.node import KNode
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp
 
@@ -274,24 +274,9 @@ class GraphPlanner:
         return tuple(self.names[o] for o in self.graph.outputs)
 
     def _materialised(self) -> set:
-        """Layout nodes that a library op or a graph output reads, or that a custom op reads but
-        that are no strided view of their root (a head merge after a transpose): custom ops read
-        the others through strides."""
-        need = set(self.graph.outputs)
-        for node in self.graph.nodes:
-            if node.op is not KOp.CUSTOM and node.op not in KERNEL_LAYOUT:
-                need.update(node.srcs)
-            elif node.op is KOp.CUSTOM:
-                need.update(s for s in node.srcs if strided_view(s) is None)
-        through = set()   # the chains of output views: the kernel writes through them
-        for out, _ in self.written.values():
-            while out.op in KERNEL_LAYOUT:
-                through.add(out)
-                out = out.srcs[0]
-        for node in reversed(self.graph.nodes):  # a materialised layout node reads a materialised source
-            if node in need and node.op in KERNEL_LAYOUT and node not in through:
-                need.update(node.srcs)
-        return need
+        """Nodes that get a buffer (``ir.layout.materialised``: custom ops read views through strides and write
+        output views in place)."""
+        return materialised(self.graph, self.written)
 
     def _role(self, node: KNode) -> str:
         return "output" if node in self.graph.outputs else "intermediate"

@@ -156,7 +156,10 @@ KERNEL_EVAL = {
 
 # ---- block graphs --------------------------------------------------------------------------------
 def _block_matmul(sem, n, s):
-    return sem.matmul(s[0], s[1], F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
+    """A tile matmul; an operand of lower rank (a 2-D weight tile next to a 4-D head tile) gets
+    its missing batch dims after the grid axes, as in `_block_elementwise`."""
+    a, b = (_align(v, src.rank, n.rank) for v, src in zip(s, n.srcs))
+    return sem.matmul(a, b, F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
 
 
 def _block_elementwise(sem, node, srcs):

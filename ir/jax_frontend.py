@@ -174,7 +174,7 @@ def _arrange(v: View, slots) -> KNode:
             perm[pos] = i
         node = node.transpose(tuple(perm))
     shape = tuple(v.shape[s] if s is not None and s in v.labels else 1 for s in slots)
-    return node if node.shape == shape else node.reshape(shape)
+    return _reshaped(node, shape)
 
 
 def _index_leaves(node: KNode) -> bool:
@@ -702,13 +702,22 @@ def lift_reshape(eqn, x, *dynamic_shape):
     return _reshaped_view(_materialize_wide(x), new)
 
 
+def _reshaped(node: KNode, shape) -> KNode:
+    """`node` reshaped to `shape`: a reshape of a reshape reshapes the first one's source (they
+    compose, row-major), and one to the same shape is none."""
+    shape = tuple(shape)
+    while node.op is KOp.RESHAPE:
+        node = node.srcs[0]
+    return node if node.shape == shape else node.reshape(shape)
+
+
 def _reshaped_view(node: KNode, shape) -> View:
     """`node` reshaped (row-major) to the jaxpr `shape`, held without its unit dims (a view's
     unit dims carry no label), so a rank-5 shape with a unit dim still fits."""
     wide = [d for d, n in enumerate(shape) if n != 1]
     _check_rank([shape[d] for d in wide])
     target = tuple(shape[d] for d in wide) or (1,)
-    return _view(node if node.shape == target else node.reshape(target), wide or (None,), shape)
+    return _view(_reshaped(node, target), wide or (None,), shape)
 
 
 def _materialize_wide(v: View) -> KNode:
@@ -918,7 +927,7 @@ def _grouped(v: View, slots, shape) -> KNode:
     shape = tuple(shape)
     if len(shape) > MAX_RANK:   # leading unit batch dims
         shape = (math.prod(shape[:-2]),) + shape[-2:]
-    return node if node.shape == shape else node.reshape(shape)
+    return _reshaped(node, shape)
 
 
 def _typed_matmul(left: KNode, right: KNode, want: DType) -> KNode:

@@ -158,3 +158,39 @@ def output_views(graph) -> dict:
         if strides is not None:
             found[node] = (out, strides)
     return found
+
+
+def materialised(graph, written=None) -> set:
+    """The nodes a launch plan gives a buffer: what a library op or a graph output reads, what a
+    custom op reads that is no strided view (a head merge after a transpose), and the sources
+    of materialised layout nodes; custom ops read every other layout chain through strides,
+    and write the chains of `output_views` in place. A layout node in this set is a copy."""
+    written = output_views(graph) if written is None else written
+    need = set(graph.outputs)
+    for node in graph.nodes:
+        if node.op is KOp.CUSTOM:
+            need.update(s for s in node.srcs if strided_view(s) is None)
+        elif node.op not in LAYOUT_STRIDES:
+            need.update(node.srcs)
+    through = set()   # the chains of output views: the kernel writes through them
+    for out, _ in written.values():
+        while out.op in LAYOUT_STRIDES:
+            through.add(out)
+            out = out.srcs[0]
+    for node in reversed(graph.nodes):  # a materialised layout node reads a materialised source
+        if node in need and node.op in LAYOUT_STRIDES and node not in through:
+            need.update(node.srcs)
+    return need
+
+
+def copies(graph) -> list:
+    """The layout nodes of `graph` that run as copies (library launches), in program order: the
+    materialised ones other than the final links of output views and row-major reshapes of a
+    buffer (a reshape of a contiguous tensor is the same bytes)."""
+    written = output_views(graph)
+    need = materialised(graph, written)
+    ends = {out for out, _ in written.values()}
+    return [n for n in graph.nodes if n.op in LAYOUT_STRIDES and n in need and n not in ends
+            and not (n.op is KOp.RESHAPE and strided_view(n) is not None
+                     and strided_view(n).strides == row_major(n.shape)
+                     and strided_view(n).offset == 0)]

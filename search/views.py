@@ -24,9 +24,12 @@ def over_inputs(node: KNode) -> bool:
 
 
 def input_views(spec: KernelGraph) -> list[KNode]:
-    """The spec's layout nodes (transpose, reshape, slice, chains of them) whose root is an input
-    and which read it as a strided view."""
-    return [n for n in spec.nodes if n.op in VIEW_OPS and over_inputs(n)
+    """The spec's layout nodes (transpose, reshape, slice, chains of them) whose root is an input,
+    which read it as a strided view, and which something other than a layout op reads (the
+    links inside a chain, like a head split before its transpose, are no tensors of their own:
+    each would multiply the search's input sets)."""
+    read = {s for n in spec.nodes if n.op not in VIEW_OPS for s in n.srcs} | set(spec.outputs)
+    return [n for n in spec.nodes if n.op in VIEW_OPS and over_inputs(n) and n in read
             and strided_view(n) is not None]
 
 
@@ -34,11 +37,13 @@ def view_tensors(ctx, inputs, make) -> list:
     """`inputs` (Tensors of the spec's inputs) and a Tensor for every input view, built by
     `make(node, expr, labels)`; expressions pass through layout ops unchanged."""
     exprs = {t.node: t.expr for t in inputs}
-    out = list(inputs)
-    for node in input_views(ctx.spec):
-        exprs[node] = ctx.pruner.kernel_expr(node, [exprs[s] for s in node.srcs])
-        out.append(make(node, exprs[node], ctx.analysis.of(node)))
-    return out
+
+    def expr(node):
+        if node not in exprs:
+            exprs[node] = ctx.pruner.kernel_expr(node, [expr(s) for s in node.srcs])
+        return exprs[node]
+    return list(inputs) + [make(node, expr(node), ctx.analysis.of(node))
+                           for node in input_views(ctx.spec)]
 
 
 def same_extents(a: tuple, b: tuple) -> bool:
