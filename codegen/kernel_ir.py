@@ -23,6 +23,11 @@ class InputView:
     strides: tuple
     iota: tuple | None = None
     offset: int = 0
+    divisors: tuple = ()   # per dim: element i of a repeated dim (jnp.repeat) reads element i // r
+
+    @property
+    def repeats(self) -> tuple:
+        return self.divisors or (1,) * len(self.strides)
 
 
 @dataclass(frozen=True)

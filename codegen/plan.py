@@ -311,7 +311,8 @@ class GraphPlanner:
                 views.append(InputView(None, src.dtype, v.strides, (row_major(shape)[dim], shape[dim]),
                                        v.offset))
             else:
-                views.append(InputView(self.names[root], src.dtype, v.strides, offset=v.offset))
+                views.append(InputView(self.names[root], src.dtype, v.strides, offset=v.offset,
+                                       divisors=v.divisors))
         outs, strides = [], []
         for i, spec in enumerate(bg.outputs):
             twin = KNode(KOp.CUSTOM, node.srcs, (bg, i))

@@ -68,11 +68,24 @@ def row_major(shape) -> tuple:
 
 @dataclass(frozen=True)
 class StridedView:
-    """`root` read at `offset + sum(index[d] * strides[d])` for every index of the view's shape."""
+    """`root` read at `offset + sum(index[d] // divisors[d] * strides[d])` for every index of the
+    view's shape. A divisor other than 1 is a repeat: jnp.repeat(k, r, axis) (a broadcast of a
+    new dim merged into the dim before it, GQA's K/V heads) reads element i of the repeated dim
+    from element i // r of the source."""
 
     root: object
     offset: int
     strides: tuple
+    divisors: tuple = ()
+
+    @property
+    def repeats(self) -> tuple:
+        return self.divisors or (1,) * len(self.strides)
+
+    @property
+    def plain(self) -> bool:
+        """No repeated dim: an affine map of indices."""
+        return all(d == 1 for d in self.repeats)
 
 
 def strided_view(node, materialised=lambda n: False) -> StridedView | None:
@@ -87,28 +100,71 @@ def strided_view(node, materialised=lambda n: False) -> StridedView | None:
 
 
 def _transpose(node, v: StridedView) -> StridedView:
-    return StridedView(v.root, v.offset, tuple(v.strides[p] for p in node.arg))
+    return StridedView(v.root, v.offset, tuple(v.strides[p] for p in node.arg),
+                       tuple(v.repeats[p] for p in node.arg))
 
 
 def _reshape(node, v: StridedView) -> StridedView | None:
-    strides = reshape_strides(node.srcs[0].shape, v.strides, node.shape)
-    return None if strides is None else StridedView(v.root, v.offset, strides)
+    old, new = node.srcs[0].shape, node.shape
+    if v.plain:
+        strides = reshape_strides(old, v.strides, new)
+        return None if strides is None else StridedView(v.root, v.offset, strides)
+    strides, divisors = [0] * len(new), [1] * len(new)
+    for gi, gj in reshape_groups(old, new):
+        wide_i, wide_j = [i for i in gi if old[i] != 1], [j for j in gj if new[j] != 1]
+        if len(wide_i) == 1 and len(wide_j) == 1:      # a dim that keeps its extent
+            strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], v.repeats[wide_i[0]]
+        elif any(v.repeats[i] != 1 for i in wide_i):   # a repeated dim split or merged again
+            return None
+        else:
+            found = reshape_strides(tuple(old[i] for i in gi), tuple(v.strides[i] for i in gi),
+                                    tuple(new[j] for j in gj))
+            if found is None:
+                return None
+            for j, st in zip(gj, found):
+                strides[j] = st
+    return StridedView(v.root, v.offset, tuple(strides), tuple(divisors))
+
+
+def _repeat_merge(node, v: StridedView) -> StridedView | None:
+    """A reshape merging a dim with the broadcast dim after it (jnp.repeat): one dim whose
+    element i reads the source's i // r (r: the broadcast extent)."""
+    old, new = node.srcs[0].shape, node.shape
+    strides, divisors = [0] * len(new), [1] * len(new)
+    for gi, gj in reshape_groups(old, new):
+        wide_i, wide_j = [i for i in gi if old[i] != 1], [j for j in gj if new[j] != 1]
+        if len(wide_i) == 1 and len(wide_j) == 1:
+            strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], v.repeats[wide_i[0]]
+            continue
+        if len(wide_j) != 1 or len(wide_i) != 2 or v.strides[wide_i[1]] != 0 or \
+                v.repeats[wide_i[0]] != 1:
+            return None
+        strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], old[wide_i[1]]
+    return StridedView(v.root, v.offset, tuple(strides), tuple(divisors))
+
+
+def _reshape_or_repeat(node, v: StridedView) -> StridedView | None:
+    return _reshape(node, v) or _repeat_merge(node, v)
 
 
 def _broadcast(node, v: StridedView) -> StridedView:
     old = node.srcs[0].shape
     return StridedView(v.root, v.offset, tuple(0 if o == 1 and n != 1 else s
-                                               for o, n, s in zip(old, node.arg, v.strides)))
+                                               for o, n, s in zip(old, node.arg, v.strides)),
+                       v.divisors)
 
 
-def _slice(node, v: StridedView) -> StridedView:
+def _slice(node, v: StridedView) -> StridedView | None:
     starts = node.arg[0]
-    return StridedView(v.root, v.offset + sum(a * s for a, s in zip(starts, v.strides)),
-                       v.strides)
+    if any(a % r for a, r in zip(starts, v.repeats)):
+        return None     # a window that starts inside a repeated element
+    return StridedView(v.root, v.offset + sum(a // r * s for a, r, s in
+                                              zip(starts, v.repeats, v.strides)),
+                       v.strides, v.divisors)
 
 
-LAYOUT_STRIDES = {KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape, KOp.BROADCAST: _broadcast,
-                  KOp.SLICE: _slice}
+LAYOUT_STRIDES = {KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape_or_repeat,
+                  KOp.BROADCAST: _broadcast, KOp.SLICE: _slice}
 
 
 def written_through(chain: list, shape: tuple) -> tuple | None:
@@ -169,7 +225,8 @@ def materialised(graph, written=None) -> set:
     need = set(graph.outputs)
     for node in graph.nodes:
         if node.op is KOp.CUSTOM:
-            need.update(s for s in node.srcs if strided_view(s) is None)
+            tiles = [b.arg.tile_shape for b in node.arg[0].inputs]
+            need.update(s for s, t in zip(node.srcs, tiles) if not _readable(s, t))
         elif node.op not in LAYOUT_STRIDES:
             need.update(node.srcs)
     through = set()   # the chains of output views: the kernel writes through them
@@ -183,6 +240,15 @@ def materialised(graph, written=None) -> set:
     return need
 
 
+def _readable(node, tile) -> bool:
+    """Whether a custom op can load tiles of `tile` shape of `node` through its strided view: a
+    repeated dim's tiles must hold whole repeats or lie inside one."""
+    v = strided_view(node)
+    if v is None or not v.plain and v.root.op is KOp.IOTA:   # an index tile is computed plainly
+        return False
+    return all(r == 1 or t % r == 0 or r % t == 0 for r, t in zip(v.repeats, tile))
+
+
 def copies(graph) -> list:
     """The layout nodes of `graph` that run as copies (library launches), in program order: the
     materialised ones other than the final links of output views and row-major reshapes of a
@@ -191,6 +257,10 @@ def copies(graph) -> list:
     need = materialised(graph, written)
     ends = {out for out, _ in written.values()}
     return [n for n in graph.nodes if n.op in LAYOUT_STRIDES and n in need and n not in ends
-            and not (n.op is KOp.RESHAPE and strided_view(n) is not None
-                     and strided_view(n).strides == row_major(n.shape)
-                     and strided_view(n).offset == 0)]
+            and not _same_bytes(n)]
+
+
+def _same_bytes(node) -> bool:
+    """A reshape that reads its buffer row-major from its start: the same bytes, no copy."""
+    v = strided_view(node) if node.op is KOp.RESHAPE else None
+    return v is not None and v.plain and v.offset == 0 and v.strides == row_major(node.shape)

@@ -149,10 +149,8 @@ def resize(graph: KernelGraph, inputs: list[KNode], choose, constants: dict) -> 
                         return None
                     blocks[key] = resize_block(node.arg[0], srcs, *sizes, constants)
                 mapping[node] = KNode(KOp.CUSTOM, srcs, (blocks[key], node.arg[1]))
-            elif node.op in (KOp.RESHAPE, KOp.SLICE):
+            elif node.op in (KOp.RESHAPE, KOp.SLICE, KOp.BROADCAST):
                 mapping[node] = resized_view(node, srcs[0])
-            elif node.op is KOp.BROADCAST:
-                return None
             else:
                 mapping[node] = KNode(node.op, srcs, _constant_arg(node, constants))
         return KernelGraph([mapping[o] for o in graph.outputs], inputs, graph.output_names)

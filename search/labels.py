@@ -144,29 +144,61 @@ def _compositions(uf, nodes) -> tuple[dict, set]:
     """What reshapes and slices say beyond equal indices: {root: roots of its parts, outer
     first} for a dim a reshape splits into (or merges from) several, and the roots whose
     extents are rigid (a slice's window and its source dim; both sides of a reshape that
-    regroups several dims into several others, like [6, 4] to [4, 6])."""
-    parts, rigid = {}, set()
+    regroups several dims into several others, like [6, 4] to [4, 6]).
+
+    One dim split two ways into parts of the same extents (K and V repeated to the same heads)
+    has equal parts: they are unified, until no composition disagrees."""
+    splits, rigid = [], set()
     for node in nodes:
         if node.op is KOp.SLICE:
-            src = node.srcs[0]
-            for d in range(node.rank):
-                if node.shape[d] != src.shape[d]:
-                    rigid.update({uf.find((node, d)), uf.find((src, d))} if node.shape[d] > 1
-                                 else {uf.find((src, d))})
-        if node.op is not KOp.RESHAPE:
-            continue
-        for src_dims, dst_dims in _wide_groups(node):
-            whole, pieces = ((node.srcs[0], src_dims), (node, dst_dims)) \
-                if len(src_dims) == 1 else ((node, dst_dims), (node.srcs[0], src_dims))
-            if len(whole[1]) == 1 and len(pieces[1]) > 1:
-                root = uf.find((whole[0], whole[1][0]))
-                split = tuple(uf.find((pieces[0], d)) for d in pieces[1])
-                if parts.setdefault(root, split) != split:
-                    rigid.update((root,) + split + parts[root])
-            elif len(src_dims) > 1 and len(dst_dims) > 1:
-                rigid.update(uf.find((n, d)) for n, dims in ((node.srcs[0], src_dims),
-                                                              (node, dst_dims)) for d in dims)
-    return parts, rigid
+            rigid.update(_sliced(uf, node))
+        elif node.op is KOp.RESHAPE:
+            for src_dims, dst_dims in _wide_groups(node):
+                whole, pieces = ((node.srcs[0], src_dims), (node, dst_dims)) \
+                    if len(src_dims) == 1 else ((node, dst_dims), (node.srcs[0], src_dims))
+                if len(whole[1]) == 1 and len(pieces[1]) > 1:
+                    splits.append(((whole[0], whole[1][0]), [(pieces[0], d) for d in pieces[1]]))
+                elif len(src_dims) > 1 and len(dst_dims) > 1:
+                    rigid.update(uf.find((n, d)) for n, dims in ((node.srcs[0], src_dims),
+                                                                  (node, dst_dims)) for d in dims)
+    while True:
+        parts, conflicts = _split_roots(uf, splits)
+        merged = False
+        for a, b in conflicts:
+            if [_extent(p) for p in a] == [_extent(p) for p in b]:
+                for x, y in zip(a, b):
+                    merged |= uf.find(x) != uf.find(y)
+                    uf.union(x, y)
+            else:
+                rigid.update(uf.find(p) for p in a + b)
+        if not merged:
+            return parts, {uf.find(r) for r in rigid}
+
+
+def _split_roots(uf, splits) -> tuple[dict, list]:
+    parts, first, conflicts = {}, {}, []
+    for whole, pieces in splits:
+        root, split = uf.find(whole), tuple(uf.find(p) for p in pieces)
+        if parts.setdefault(root, split) != split:
+            conflicts.append((first[root], pieces))
+        first.setdefault(root, pieces)
+    return parts, conflicts
+
+
+def _extent(key) -> int:
+    node, dim = key
+    return node.shape[dim]
+
+
+def _sliced(uf, node) -> set:
+    """The roots a slice fixes: its window's dim and its source's."""
+    src, out = node.srcs[0], set()
+    for d in range(node.rank):
+        if node.shape[d] != src.shape[d]:
+            out.add(uf.find((src, d)))
+            if node.shape[d] > 1:
+                out.add(uf.find((node, d)))
+    return out
 
 
 def _factors(root, parts: dict, labels: dict, seen=()) -> tuple:

@@ -52,9 +52,17 @@ class Context:
         self.budget = Budget(max(0.0, deadline - time.monotonic()), states_left)
         self.output_names = problem.reduced.output_names
         self._splits: dict = {}
+        self._composites = None
 
     def is_reduction(self, label: Label) -> bool:
         return label.uid < 0 or label not in self.analysis.parallel
+
+    def is_composite(self, factors: tuple) -> bool:
+        """Whether the spec has a dim of these labels (outer first): a head split's (H, D)."""
+        if self._composites is None:
+            self._composites = frozenset(dl.factors for dims in self.analysis.dims.values()
+                                         for dl in dims if len(dl.factors) > 1)
+        return factors in self._composites
 
     def split_label(self, label: Label, extent: int) -> Label:
         """The label of the blocks' side-by-side partials when a grid axis splits `label`."""

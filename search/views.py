@@ -17,8 +17,8 @@ VIEW_OPS = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.SLICE})
 
 
 def over_inputs(node: KNode) -> bool:
-    """An input, or a layout view of one."""
-    while node.op in VIEW_OPS:
+    """An input, or a layout view of one (a broadcast may sit inside the chain: jnp.repeat)."""
+    while node.op in VIEW_OPS or node.op is KOp.BROADCAST:
         node = node.srcs[0]
     return node.op is KOp.INPUT
 
@@ -28,7 +28,11 @@ def input_views(spec: KernelGraph) -> list[KNode]:
     which read it as a strided view, and which something other than a layout op reads (the
     links inside a chain, like a head split before its transpose, are no tensors of their own:
     each would multiply the search's input sets)."""
-    read = {s for n in spec.nodes if n.op not in VIEW_OPS for s in n.srcs} | set(spec.outputs)
+    layout = VIEW_OPS | {KOp.BROADCAST}
+    read = {s for n in spec.nodes if n.op not in layout for s in n.srcs} | set(spec.outputs)
+    for n in reversed(spec.nodes):    # a broadcast that a computation reads reads its source
+        if n.op is KOp.BROADCAST and n in read:
+            read.add(n.srcs[0])
     return [n for n in spec.nodes if n.op in VIEW_OPS and over_inputs(n) and n in read
             and strided_view(n) is not None]
 
@@ -66,6 +70,10 @@ def resized_view(node: KNode, src: KNode) -> KNode:
         limits = tuple(m if (a, b) == (0, n) else b
                        for a, b, n, m in zip(*node.arg, old, src.shape))
         return KNode(KOp.SLICE, (src,), (node.arg[0], limits))
+    if node.op is KOp.BROADCAST:   # the dims it expands keep their extent (a repeat's)
+        old = node.srcs[0].shape
+        return KNode(KOp.BROADCAST, (src,), tuple(n if o == 1 and n != 1 else s
+                                                  for o, n, s in zip(old, node.arg, src.shape)))
     if node.op is not KOp.RESHAPE:
         return KNode(node.op, (src,), node.arg)
     shape = list(node.arg)
