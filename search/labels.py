@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from mugraph.ir import KernelGraph, KNode
 from mugraph.ir.layout import reshape_groups
 from mugraph.ir.ops import KOp, TOp
+from mugraph.search.leaves import TABLE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,15 @@ def _compositions(uf, nodes) -> tuple[dict, set]:
     """What reshapes and slices say beyond equal indices: {root: roots of its parts, outer
     first} for a dim a reshape splits into (or merges from) several, and the roots whose
     extents are rigid (a slice's window and its source dim; both sides of a reshape that
-    regroups several dims into several others, like [6, 4] to [4, 6]).
+    regroups several dims into several others, like [6, 4] to [4, 6]; a table's dims: its values
+    fix them).
 
     One dim split two ways into parts of the same extents (K and V repeated to the same heads)
     has equal parts: they are unified, until no composition disagrees."""
     splits, rigid = [], set()
     for node in nodes:
+        if node.op is KOp.TABLE or node.op is KOp.INPUT and node.arg[0].startswith(TABLE_PREFIX):
+            rigid.update(uf.find((node, d)) for d in range(node.rank) if node.shape[d] > 1)
         if node.op is KOp.SLICE:
             rigid.update(_sliced(uf, node))
         elif node.op is KOp.RESHAPE:
