@@ -9,9 +9,24 @@ scalar or a uniform array) or a lazy `View`: an IR node plus, per IR dim, the ja
 Only non-unit IR dims carry a label; a jaxpr dim that no IR dim carries is unit or broadcast.
 So JAX's dropped reduction dims, its `broadcast_in_dim`s, unit reshapes, squeezes and transposes
 are relabelings that build no nodes: IR reductions keep their dim and IR binary ops broadcast
-NumPy-style. Layout nodes (TRANSPOSE, RESHAPE, BROADCAST) appear only where a concrete layout is
-needed: graph outputs, matmul operands, concatenation, and operands of elementwise ops whose
-dims do not line up.
+NumPy-style. Layout nodes (TRANSPOSE, RESHAPE, BROADCAST, SLICE) appear only where a concrete
+layout is needed: graph outputs, matmul operands, concatenation, operands of elementwise ops whose
+dims do not line up, and model code's layout work: reshapes that split or merge dims (head split
+and merge), static slices (strides 1) and `jnp.split`, `jnp.repeat` (a broadcast merged into a
+dim). Custom kernels read these as views (`ir.layout`) wherever the strides allow.
+
+Model code. A dot_general with several contracting dims, or free dims on both sides next to
+batch dims (Flax's LinearGeneral, einsums over heads), is one matmul of operands grouped to
+[batch..., M, K] @ [batch..., K, N]; the operand order that transposes no computed tensor is
+taken (probs @ V). A value of rank 5 with unit dims (a batch of 1 next to a repeated head dim)
+fits by dropping them. 0-d inputs (a learned scalar) and outputs (a mean loss) are [1] tensors;
+`ir.origin.traced_outputs` gives outputs their traced shapes back.
+
+Constants. Work on values that depend on no input is computed by JAX as the front end goes
+(`View.known`): index expressions stay IR (a causal mask is computed in the kernel), anything
+else the IR has no op for or would compute from constants (cos and sin of RoPE angles, a
+concatenation of constants, integer index arithmetic, a closed-over array where it meets a
+tensor) is folded into a TABLE, as XLA folds it into a literal.
 
 Dtypes. Every lifted tensor has the dtype jax.jit gives it: `convert_element_type` between
 float types is a CAST (so `x.astype(f32) * x.astype(f32)` squares in fp32 as JAX does, and a
@@ -1025,8 +1040,8 @@ UNSUPPORTED_HINTS = {
     "reduce_prod": "only sum, max and min reductions are lifted",
 }
 _DEFAULT_HINT = ("mugraph lifts elementwise float math, comparisons and jnp.where, index arrays "
-                 "(iota), sum/max/min reductions, matmuls and unit-dim layout changes; compute "
-                 "this part outside the traced function")
+                 "(iota), sum/max/min reductions, matmuls and einsums, reshapes, transposes, "
+                 "slices and concatenations; compute this part outside the traced function")
 
 
 # ---- the driver ----------------------------------------------------------------------------------
