@@ -40,5 +40,4 @@ __all__ = ["BlockBuilder", "BlockGraph", "BlockInput", "BlockOutput", "BNode", "
            "InvalidGraph", "InvalidInput", "KernelGraph", "KNode", "KOp", "MugraphError", "Phase",
            "ShapeError", "TOp", "ThreadChain", "UnsupportedOp", "concat", "constant", "custom",
            "from_dict", "from_jax", "from_json", "input", "interpret", "iota", "load", "phases",
-           "table",
-           "run_block_graph", "save", "thread_chains", "to_dict", "to_json", "toposort"]
+           "run_block_graph", "save", "table", "thread_chains", "to_dict", "to_json", "toposort"]

@@ -3,12 +3,17 @@
 A view reads its root tensor (a row-major buffer) at `offset + sum(index[d] * strides[d])`. A
 transpose permutes strides, a slice moves the offset, a broadcast gives stride 0 to the dims it
 expands, and a row-major reshape regroups dims: splitting a dim is always a view, merging dims is
-one only where they are laid out one after the other (numpy's no-copy reshape rule). A chain with
-a merge that is not (a head merge after a transpose) is no view: it must be copied.
+one only where they are laid out one after the other (numpy's no-copy reshape rule), or where the
+inner one is a broadcast (jnp.repeat: a divisor, `StridedView.divisors`). A chain with a merge
+that is neither (a head merge after a transpose) is no view: it must be copied (`copies`).
+
+The other direction: a kernel's output read only by transposes and reshapes that end in a graph
+output is written through them (`output_views`), so a head merge of attention's result is no copy.
+`materialised` says which nodes a launch plan gives buffers (codegen's planner uses it; the cost
+model should charge exactly `copies`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from mugraph.ir.ops import KOp
@@ -35,11 +40,6 @@ def reshape_groups(old: tuple, new: tuple) -> list[tuple[tuple, tuple]]:
         groups[-1][0].extend(range(i, len(old)))
         groups[-1][1].extend(range(j, len(new)))
     return [(tuple(a), tuple(b)) for a, b in groups]
-
-
-def splits_or_merges(old: tuple, new: tuple) -> bool:
-    """Whether a reshape from `old` to `new` does more than add or drop unit dims."""
-    return [d for d in old if d != 1] != [d for d in new if d != 1]
 
 
 def reshape_strides(old: tuple, strides: tuple, new: tuple) -> tuple | None:
