@@ -1257,7 +1257,8 @@ def _with_known(eqn, out: list, known) -> list:
     for o, v in zip(out, values):
         if isinstance(o, View) and _index_leaves(o.node):
             done.append(replace(o, known=v))
-        elif isinstance(o, View) and jnp.issubdtype(v.dtype, jnp.floating):
+        elif isinstance(o, View) and jnp.issubdtype(v.dtype, jnp.floating) and \
+                v.size <= MAX_TABLE_ELEMENTS:
             done.append(_table_view(v, o.from_mask))
         elif isinstance(o, View):
             done.append(replace(o, known=v))
@@ -1270,6 +1271,10 @@ def _table_of(value: Opaque) -> View | Opaque:
     """A known constant array as a TABLE where it meets a tensor: booleans as 0/1 masks, integers
     as exact floats; unknown or too large, it stays Opaque (an error in `_check_operands`)."""
     array = value.array
+    if array is not None and array.dtype == np.bool_:
+        band = _band_mask(array)
+        if band is not None:
+            return band
     if array is None or array.size > MAX_TABLE_ELEMENTS:
         return value
     if array.dtype == np.bool_:
@@ -1279,6 +1284,40 @@ def _table_of(value: Opaque) -> View | Opaque:
             return value
         return _table_view(array.astype(np.float32))
     return _table_view(array)
+
+
+def _band_mask(mask: np.ndarray) -> View | None:
+    """A boolean array that is a band of its last two dims, i + k >= j (jnp.tril) or
+    j >= i + k (jnp.triu), the same for every index of its leading dims (folded by JAX where
+    `jnp.tril(jnp.ones(...))` was built), rebuilt as the comparison of two iotas it is:
+    computed in the kernel, whatever its size."""
+    if mask.ndim < 2 or not mask.size:
+        return None
+    planes = mask.reshape((-1,) + mask.shape[-2:])
+    m = planes[0]
+    if not all(np.array_equal(p, m) for p in planes[1:]):
+        return None
+    rows, cols = m.shape
+    i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    counts = m.sum(axis=1)
+    partial = np.flatnonzero((counts > 0) & (counts < cols))
+    if not len(partial):
+        return None
+    r = int(partial[0])
+    for op, k in ((TOp.GE, int(counts[r]) - 1 - r), (TOp.LE, cols - int(counts[r]) - r)):
+        band = i + k >= j if op is TOp.GE else i + k <= j
+        if np.array_equal(m, band):
+            return _band_view(op, k, mask.shape)
+    return None
+
+
+def _band_view(op: TOp, k: int, shape) -> View:
+    rows = kernel_iota((shape[-2], 1), 0, "float32")
+    if k:
+        rows = KNode(TOp.ADD, (rows, kernel_constant(float(k), (1, 1), "float32")))
+    node = KNode(op, (rows, kernel_iota((1, shape[-1]), 1, "float32")))
+    labels = tuple(len(shape) - 2 + d if n != 1 else None for d, n in enumerate(node.shape))
+    return View(node, labels, tuple(shape), known=None)
 
 
 def _table_view(array, from_mask: bool = False) -> View:

@@ -14,7 +14,7 @@ import numpy as np
 
 from mugraph.ir.errors import InvalidGraph
 
-MAX_ELEMENTS = 1 << 22   # a larger constant is a weight: pass it as an argument
+MAX_ELEMENTS = 1 << 20   # a larger constant is a weight: pass it as an argument
 
 
 class TableValues:

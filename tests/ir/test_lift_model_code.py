@@ -165,10 +165,21 @@ def test_rope_tables_built_inside_are_folded_into_tables():
 
 def test_closed_over_constant_arrays_become_tables():
     table = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
-    mask = np.tril(np.ones((4, 4), bool))
+    mask = np.random.default_rng(0).uniform(size=(4, 4)) > 0.5
     g = lifted(lambda x: x * table, rand(4, 8))
     assert KOp.TABLE in ops(g)
-    lifted(lambda x: jnp.where(mask, x, -1e9), rand(4, 4))
+    g = lifted(lambda x: jnp.where(mask, x, -1e9), rand(4, 4))
+    assert KOp.TABLE in ops(g)
+
+
+@pytest.mark.parametrize("band", [np.tril, np.triu])
+@pytest.mark.parametrize("k", [-2, 0, 3])
+def test_a_folded_causal_mask_is_rebuilt_from_iotas(band, k):
+    """The mask mugraph.jit's trace sees as a constant array (jnp.tril(jnp.ones(...)) folded)
+    lifts as the iota comparison it is: computed in the kernel, not stored."""
+    mask = band(np.ones((1, 1, 6, 8), bool), k)
+    g = lifted(lambda x: jnp.where(mask, x, jnp.finfo(x.dtype).min), rand(2, 3, 6, 8))
+    assert KOp.IOTA in ops(g) and KOp.TABLE not in ops(g)
 
 
 @pytest.mark.parametrize("fn", [
