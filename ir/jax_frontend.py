@@ -736,13 +736,26 @@ def _reshaped_view(node: KNode, shape) -> View:
 
 
 def _materialize_wide(v: View) -> KNode:
-    """v with its non-unit jaxpr dims in order (unit dims dropped: a row-major reshape does not
-    see them), so a rank-5 value with a unit batch dim (jnp.repeat's broadcast) still fits."""
+    """v as a tensor whose row-major order is the jaxpr value's, for a reshape to read: unit dims
+    dropped, and where that leaves more dims than a kernel tensor has, adjacent dims the node
+    holds merged, leftmost first, until it fits: jnp.repeat(k, r, axis=2) of k [B, T, H, D] is
+    [B*T, H, r, D] before its reshape to [B, T, H*r, D] (a view of k: a repeated dim)."""
     slots = tuple(d for d, n in enumerate(v.shape) if n != 1) or (None,)
-    _check_rank([v.shape[d] for d in slots if d is not None],
-                hint=f"kernel tensors have 1 to {MAX_RANK} dims; jnp.repeat of a 4-D tensor "
-                     "(GQA's K/V) lifts with a batch of 1, or repeat outside the traced function")
-    return _fill(_arrange(v, slots), slots, v.shape)
+    if len(slots) <= MAX_RANK:
+        return _fill(_arrange(v, slots), slots, v.shape)
+    held = tuple(d for d in slots if d in v.labels)
+    groups = [[d] for d in slots]
+    while len(groups) > MAX_RANK:
+        pair = next((k for k in range(len(groups) - 1) if groups[k][-1] in held and
+                     groups[k + 1][0] in held), None)
+        if pair is None:
+            _check_rank([v.shape[d] for d in slots])
+        groups[pair:pair + 2] = [groups[pair] + groups[pair + 1]]
+    sizes = [math.prod(v.shape[d] for d in g) for g in groups]
+    node = _arrange(v, held)
+    node = _reshaped(node, tuple(n for n, g in zip(sizes, groups) if g[0] in held))
+    node = _reshaped(node, tuple(n if g[0] in held else 1 for n, g in zip(sizes, groups)))
+    return node.broadcast_to(tuple(sizes))
 
 
 def _check_rank(shape, hint: str = "") -> None:

@@ -105,17 +105,19 @@ def _transpose(node, v: StridedView) -> StridedView:
 
 
 def _reshape(node, v: StridedView) -> StridedView | None:
+    """Group by group (`reshape_groups`): a dim that keeps its extent keeps its stride and
+    divisor; a dim merged with the broadcast dim after it is a repeat (jnp.repeat); other
+    groups follow `reshape_strides`, and none may hold a repeated dim."""
     old, new = node.srcs[0].shape, node.shape
-    if v.plain:
-        strides = reshape_strides(old, v.strides, new)
-        return None if strides is None else StridedView(v.root, v.offset, strides)
     strides, divisors = [0] * len(new), [1] * len(new)
     for gi, gj in reshape_groups(old, new):
         wide_i, wide_j = [i for i in gi if old[i] != 1], [j for j in gj if new[j] != 1]
-        if len(wide_i) == 1 and len(wide_j) == 1:      # a dim that keeps its extent
+        if len(wide_i) == 1 and len(wide_j) == 1:
             strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], v.repeats[wide_i[0]]
-        elif any(v.repeats[i] != 1 for i in wide_i):   # a repeated dim split or merged again
+        elif any(v.repeats[i] != 1 for i in wide_i):
             return None
+        elif len(wide_j) == 1 and len(wide_i) == 2 and v.strides[wide_i[1]] == 0:
+            strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], old[wide_i[1]]
         else:
             found = reshape_strides(tuple(old[i] for i in gi), tuple(v.strides[i] for i in gi),
                                     tuple(new[j] for j in gj))
@@ -123,28 +125,8 @@ def _reshape(node, v: StridedView) -> StridedView | None:
                 return None
             for j, st in zip(gj, found):
                 strides[j] = st
-    return StridedView(v.root, v.offset, tuple(strides), tuple(divisors))
-
-
-def _repeat_merge(node, v: StridedView) -> StridedView | None:
-    """A reshape merging a dim with the broadcast dim after it (jnp.repeat): one dim whose
-    element i reads the source's i // r (r: the broadcast extent)."""
-    old, new = node.srcs[0].shape, node.shape
-    strides, divisors = [0] * len(new), [1] * len(new)
-    for gi, gj in reshape_groups(old, new):
-        wide_i, wide_j = [i for i in gi if old[i] != 1], [j for j in gj if new[j] != 1]
-        if len(wide_i) == 1 and len(wide_j) == 1:
-            strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], v.repeats[wide_i[0]]
-            continue
-        if len(wide_j) != 1 or len(wide_i) != 2 or v.strides[wide_i[1]] != 0 or \
-                v.repeats[wide_i[0]] != 1:
-            return None
-        strides[wide_j[0]], divisors[wide_j[0]] = v.strides[wide_i[0]], old[wide_i[1]]
-    return StridedView(v.root, v.offset, tuple(strides), tuple(divisors))
-
-
-def _reshape_or_repeat(node, v: StridedView) -> StridedView | None:
-    return _reshape(node, v) or _repeat_merge(node, v)
+    plain = all(d == 1 for d in divisors)
+    return StridedView(v.root, v.offset, tuple(strides), () if plain else tuple(divisors))
 
 
 def _broadcast(node, v: StridedView) -> StridedView:
@@ -163,7 +145,7 @@ def _slice(node, v: StridedView) -> StridedView | None:
                        v.strides, v.divisors)
 
 
-LAYOUT_STRIDES = {KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape_or_repeat,
+LAYOUT_STRIDES = {KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape,
                   KOp.BROADCAST: _broadcast, KOp.SLICE: _slice}
 
 

@@ -450,7 +450,8 @@ ERROR_CASES = {
                                                   3 * x), X),
     "strided_slice": (lambda x: x[::2], X),
     "rank5_reshape": (lambda x: x.reshape(2, 2, 2, 2, 2) * 2.0, X),
-    "gqa_repeat_rank5": (lambda k: jnp.repeat(k, 2, axis=2) * 2.0, rand(2, 3, 2, 4)),
+    "rank5_of_broadcasts": (lambda x: jnp.broadcast_to(x[:, None, :, None, None], (4, 3, 8, 5, 2))
+                            .reshape(12, 8, 10) * 2.0, X),
     "huge_closed_constant": (lambda x: x @ _BIG_WEIGHT, X),
     "rank5_output": (lambda x: jnp.broadcast_to(x, (2, 2, 2, 4, 8)), X),
     "unknown_primitive": (lambda x: jnp.sin(x), X),

@@ -101,8 +101,11 @@ def test_split_of_a_fused_qkv_is_three_windows():
     assert sum(n.op is KOp.SLICE for n in g.nodes) == 3
 
 
-def test_repeat_of_kv_heads_for_gqa():
-    lifted(lambda k: jnp.repeat(k, 2, axis=2) * 2.0, rand(1, 6, 2, 4))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_repeat_of_kv_heads_for_gqa_is_a_view_with_a_repeated_dim(batch):
+    g = lifted(lambda k: jnp.repeat(k, 2, axis=2) * 2.0, rand(batch, 6, 2, 4))
+    repeat = next(n for n in g.nodes if n.op is KOp.RESHAPE and n.srcs[0].op is KOp.BROADCAST)
+    assert strided_view(repeat).repeats[-2:] == (2, 1)
 
 
 def test_strided_slices_are_a_typed_error_naming_the_strides():
