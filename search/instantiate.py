@@ -12,7 +12,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BOp, KOp
 from mugraph.search.labels import UNIT_DIM, LabelAnalysis
 from mugraph.ir.thread import map_constants
-from mugraph.search.views import resized_view
+from mugraph.search.views import remember_resize, resized_view
 
 
 # Shape-derived constants: a spec constant equal to one of these functions of a label's extent
@@ -104,6 +104,7 @@ def reinstantiate_spec(spec: KernelGraph, analysis: LabelAnalysis, extents: dict
     for node in spec.nodes:
         shape = rescaled_shape(analysis.of(node), extents)
         mapping[node] = _rebuild_kernel_node(node, mapping, shape)
+        remember_resize(node, mapping[node])
         if node in bound:
             lab, form = bound[node]
             value = _rounded(EXTENT_FORMS[form](extents[lab]), node.arg[2])

@@ -9,6 +9,8 @@ op and a launch. A chain that is no strided view (a head merge after a transpose
 """
 from __future__ import annotations
 
+import math
+
 from mugraph.ir import KernelGraph, KNode
 from mugraph.ir.layout import reshape_groups, strided_view, written_through
 from mugraph.ir.ops import KOp
@@ -60,11 +62,36 @@ def as_shape(node: KNode, shape: tuple) -> KNode:
     return node if node.shape == tuple(shape) else KNode(KOp.RESHAPE, (node,), tuple(shape))
 
 
+# How the spec's layout ops were re-instantiated (`remember_resize`), both ways: the labels knew
+# which part of a split or merged dim shrank; a structure's views are rebuilt the same way.
+_RESIZED: dict = {}
+_RESIZED_LIMIT = 1 << 14
+
+
+def _resize_key(op, old_src: tuple, arg, new_src: tuple) -> tuple:
+    return (op, tuple(old_src), arg, tuple(new_src))
+
+
+def remember_resize(old: KNode, new: KNode) -> None:
+    """Record that layout node `old` became `new` when its source changed shape (and back)."""
+    if old.op not in (KOp.RESHAPE, KOp.SLICE, KOp.BROADCAST) or old.arg == new.arg:
+        return
+    if len(_RESIZED) > _RESIZED_LIMIT:
+        _RESIZED.clear()
+    a, b = old.srcs[0].shape, new.srcs[0].shape
+    _RESIZED[_resize_key(old.op, a, old.arg, b)] = new.arg
+    _RESIZED[_resize_key(old.op, b, new.arg, a)] = old.arg
+
+
 def resized_view(node: KNode, src: KNode) -> KNode:
-    """A view rebuilt over a source of new extents. A reshape's dims that keep their extent take
-    the source's new ones; a group it splits or merges keeps its extents (labels under a split
-    or merge are at most the reduced extent, so they never shrink) and fails to rebuild (an
-    InvalidGraph) where the source's changed. A slice keeps its window in the dims it cuts."""
+    """A view rebuilt over a source of new extents: as the spec's own layout op of that form was
+    (`remember_resize`), else by the source's extents: a reshape's dims that keep their extent
+    take the source's new ones; a group it merges takes their product; a group it splits keeps
+    its extents and fails to rebuild (an InvalidGraph) where the source's changed. A slice keeps
+    its window in the dims it cuts."""
+    known = _RESIZED.get(_resize_key(node.op, node.srcs[0].shape, node.arg, src.shape))
+    if known is not None:
+        return KNode(node.op, (src,), known)
     if node.op is KOp.SLICE:
         old = node.srcs[0].shape
         limits = tuple(m if (a, b) == (0, n) else b
@@ -82,6 +109,8 @@ def resized_view(node: KNode, src: KNode) -> KNode:
         wide_j = [j for j in gj if node.arg[j] != 1]
         if len(wide_i) == 1 and len(wide_j) == 1:
             shape[wide_j[0]] = src.shape[wide_i[0]]
+        elif len(wide_j) == 1:
+            shape[wide_j[0]] = math.prod(src.shape[i] for i in gi)
     return KNode(KOp.RESHAPE, (src,), tuple(shape))
 
 
