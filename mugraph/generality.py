@@ -2,7 +2,8 @@
 
 Each `Program` is a JAX function at full shapes (what `mugraph bench search` runs) and at small
 shapes with the same structure (what the quality tier searches). They cover norm variants,
-attention variants (scales, masks, GQA grouping), MLP blocks, bias/activation epilogues,
+attention variants (scales, masks, GQA grouping; 4-D model layouts with head-split reshapes and
+jnp.repeat of K/V), MLP blocks, bias/activation epilogues,
 residuals, softmax/log-softmax/logsumexp, `jnp.where` selects, reductions over either axis,
 broadcasts and transposes, in fp16, bf16 and fp32. The search is judged on them (`evaluate`):
 lifted or not, fused or not, verified or not, and its estimate against the XLA-like baseline.
