@@ -124,16 +124,32 @@ def input_base(lw: Lowering, spec, view: InputView, buf: str) -> str:
     for axis, dim in enumerate(spec.imap):
         bid = lw.bid(AXES[axis])
         if dim is not None and bid != "0":
-            step = spec.shape[dim] // spec.grid[axis] * view.strides[dim]
-            if step:
-                terms.append(f"(long long){bid} * {step}")
+            terms += _origin(f"{bid}", spec.shape[dim] // spec.grid[axis], view, dim)
     if lw.splits > 1 and spec.fmap is not None:  # this CTA's share of the loop starts lw.F iterations in
-        step = lw.F * spec.tile_shape[spec.fmap] * view.strides[spec.fmap]
-        if step:
-            terms.append(f"(long long)sp_ * {step}")
+        terms += _origin("sp_", lw.F * spec.tile_shape[spec.fmap], view, spec.fmap)
+    if view.offset:  # a slice's window starts inside its buffer
+        terms.append(f"{view.offset}LL")
     name = f"{buf}g"
     lw.kernel_decls.append(f"const long long {name} = {' + '.join(terms) or '0'};  // block's tile origin")
     return name
+
+
+def _origin(index: str, extent: int, view: InputView, dim: int) -> list[str]:
+    """The offset term of a tile origin ``index * extent`` along ``dim``; on a repeated dim (``view.repeats``)
+    the source element is the origin divided by the repeat."""
+    r, stride = view.repeats[dim], view.strides[dim]
+    if not stride:
+        return []
+    if r == 1:
+        return [f"(long long){index} * {extent * stride}"]
+    return [f"(long long)({index} * {extent} / {r}) * {stride}"]
+
+
+def source_coords(coords, tile, view: InputView) -> list:
+    """Tile coordinates as source coordinates: a repeated dim's tile holds whole repeats (its coordinate divided
+    by the repeat) or lies inside one (every element reads the origin's)."""
+    return [c if r == 1 else f"({c}) / {r}" if t % r == 0 else "0"
+            for c, t, r in zip(coords, tile, view.repeats)]
 
 
 def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout, base: str, it: str | None,
@@ -147,15 +163,15 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
     src = view.param
     offset = base
     if spec.fmap is not None and it is not None and it != "0":
-        step = tile[spec.fmap] * view.strides[spec.fmap]
+        step = _origin(it, tile[spec.fmap], view, spec.fmap)
         if step:
-            offset = f"{base} + (long long){it} * {step}"
+            offset = f"{base} + {step[0]}"
     rows_shape = tile[:-1]
     cols = tile[-1]
     if view.iota is not None:
         return iota_lines(lw, spec, view, dst, layout, offset), False
-    vector = view.strides[-1] == 1 and (cols * size) % CHUNK == 0 and \
-        all((s * size) % CHUNK == 0 for s in view.strides[:-1])
+    vector = view.strides[-1] == 1 and view.repeats[-1] == 1 and (cols * size) % CHUNK == 0 and \
+        all((s * size) % CHUNK == 0 for s in view.strides[:-1]) and (view.offset * size) % CHUNK == 0
     if vector:
         per_row = cols // chunk
         n = prod(rows_shape) * per_row
@@ -164,7 +180,7 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
             coords = unravel(f"{e} / {per_row}" if per_row > 1 else e, rows_shape) + \
                 [f"{e} % {per_row} * {chunk}" if per_row > 1 else "0"]
             b, r, c = tile_bcr(tile, coords)
-            g = strided(coords, view.strides)
+            g = strided(source_coords(coords, tile, view), view.strides)
             if nbytes:
                 return [f"mg_cp_async16_zfill(&{dst}[{layout.index(b, r, c)}], {src} + ({offset} + {g}), "
                         f"{nbytes});"]
@@ -174,7 +190,8 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
     def scalar(e):
         coords = unravel(e, tile)
         b, r, c = tile_bcr(tile, coords)
-        return [f"{dst}[{layout.index(b, r, c)}] = {src}[{offset} + {strided(coords, view.strides)}];"]
+        return [f"{dst}[{layout.index(b, r, c)}] = {src}[{offset} + "
+                f"{strided(source_coords(coords, tile, view), view.strides)}];"]
     return loops.thread_stride(lw, prod(tile), scalar, "scalar loads (rows not 16-byte chunks or strided)"), False
 
 

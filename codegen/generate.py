@@ -51,7 +51,7 @@ def generate(graph: KernelGraph, arch="sm_80", *, prefix: str = "mg_kernel") -> 
         params = list(dict.fromkeys(v.param for v in ck.inputs if v.param is not None)) + list(ck.outputs)
         cname = {b: f"p{i}" for i, b in enumerate(params)}
         views = ([replace(v, param=cname.get(v.param)) for v in ck.inputs],
-                 [OutputView(cname[o]) for o in ck.outputs])
+                 [OutputView(cname[o], st) for o, st in zip(ck.outputs, ck.output_strides or (None,) * len(ck.outputs))])
         ir, plan = lower_and_plan(ck.graph, spec, ck.name, views)
         kernels.append(render_kernel(ir, plan, kernel_schedule(ck.graph, spec).min_blocks))
         fixed[ck.name] = _split_launch(ir, plan, buffers, {c: b for b, c in cname.items()})

@@ -14,18 +14,29 @@ class InputView:
     """A kernel parameter as one block input sees it: element strides into the parameter's buffer.
 
     ``iota``: (stride, extent) when the input is an index tensor the kernel computes instead of loading (no
-    parameter): the element at offset o of its row-major root holds (o / stride) % extent.
+    parameter): the element at offset o of its row-major root holds (o / stride) % extent. ``offset``: the
+    element the view starts at (a slice's window).
     """
 
     param: str | None
     dtype: DType
     strides: tuple
     iota: tuple | None = None
+    offset: int = 0
+    divisors: tuple = ()   # per dim: element i of a repeated dim (jnp.repeat) reads element i // r
+
+    @property
+    def repeats(self) -> tuple:
+        return self.divisors or (1,) * len(self.strides)
 
 
 @dataclass(frozen=True)
 class OutputView:
+    """A kernel parameter one block output is stored to: row-major, or through ``strides`` (an output
+    view: a transpose or reshape of the output that the kernel writes in place, ``ir.layout.output_views``)."""
+
     param: str
+    strides: tuple | None = None
 
 
 @dataclass

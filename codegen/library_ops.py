@@ -117,6 +117,11 @@ def _iota(xp, node, srcs, out) -> None:
     _store(out, xp.broadcast_to(index, shape))
 
 
+def _table(xp, node, srcs, out) -> None:
+    values, shape, _ = node.arg
+    _store(out, xp.asarray(values.array(shape).astype(np.float32)))
+
+
 def _concat(xp, node, srcs, out) -> None:
     _store(out, xp.concatenate([_f32(xp, s) for s in srcs], axis=node.arg))
 
@@ -124,6 +129,7 @@ def _concat(xp, node, srcs, out) -> None:
 LIBRARY_OPS: Mapping = {
     KOp.CONSTANT: _constant,
     KOp.IOTA: _iota,
+    KOp.TABLE: _table,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce("sum"),
     KOp.REDUCE_MAX: _reduce("max"),
@@ -132,6 +138,7 @@ LIBRARY_OPS: Mapping = {
     KOp.TRANSPOSE: lambda xp, node, srcs, out: _store(out, xp.transpose(srcs[0], node.arg)),
     KOp.RESHAPE: lambda xp, node, srcs, out: _store(out, srcs[0].reshape(node.arg)),
     KOp.BROADCAST: lambda xp, node, srcs, out: _store(out, xp.broadcast_to(srcs[0], node.arg)),
+    KOp.SLICE: lambda xp, node, srcs, out: _store(out, srcs[0][tuple(slice(a, b) for a, b in zip(*node.arg))]),
 } | {op: _elementwise for op in TOp}
 
 # Ops that are never a library launch: inputs are bound, not computed; custom ops are generated kernels.

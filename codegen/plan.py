@@ -2,9 +2,10 @@
 block graph (where each shared buffer lives, reusing space between buffers whose lifetimes do not overlap).
 
 Kernel level: every custom op (distinct block graph and sources) is one generated ``__global__`` function; every
-other op is a library launch (CuPy on a GPU, NumPy in ``run_on_cpu``). A custom op reading a transpose, reshape
-or broadcast of a tensor reads the tensor itself through strides (no copy); such layout ops become library
-launches only when a library op or a graph output needs them materialised.
+other op is a library launch (CuPy on a GPU, NumPy in ``run_on_cpu``). A custom op reading a transpose, reshape,
+slice or broadcast of a tensor reads the tensor itself through an offset and strides (no copy); such layout ops
+become library launches only when a library op or a graph output needs them materialised, or when the chain is
+no strided view (``ir.layout``: a merge of dims a transpose separated).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from mugraph.ir.block import BlockGraph
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidGraph, ResourceError
 from mugraph.ir.graph import KernelGraph
+from mugraph.ir.layout import StridedView, materialised, output_views, row_major, strided_view
 from mugraph.ir.node import KNode
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp
 
@@ -257,12 +259,6 @@ def lower_block_graph(bg: BlockGraph, arch: ArchSpec, name: str, views, stages: 
     return Lowering(bg, name, arch, inputs, outputs, params, stages, splits, path).run()
 
 
-def row_major(shape) -> tuple:
-    strides, s = [], 1
-    for d in reversed(tuple(shape)):
-        strides.append(s)
-        s *= d
-    return tuple(reversed(strides))
 
 
 # ---- the kernel graph ----------------------------------------------------------------------------------------------
@@ -276,23 +272,17 @@ class CustomKernel:
     graph: BlockGraph
     inputs: tuple   # InputView per block input (param = buffer name)
     outputs: tuple  # buffer name per block output
+    output_strides: tuple = ()  # per block output: None (row-major) or the strides of an output view
 
 
-def view_of(node: KNode) -> tuple[KNode, tuple]:
-    """The materialised tensor a layout-op chain reads, and the element strides that read ``node`` from it."""
-    if node.op is KOp.TRANSPOSE:
-        root, strides = view_of(node.srcs[0])
-        return root, tuple(strides[p] for p in node.arg)
-    if node.op is KOp.RESHAPE:
-        root, strides = view_of(node.srcs[0])
-        kept = [s for d, s in zip(node.srcs[0].shape, strides) if d != 1]
-        it = iter(kept)
-        return root, tuple(next(it) if d != 1 else 0 for d in node.arg)
-    if node.op is KOp.BROADCAST:
-        root, strides = view_of(node.srcs[0])
-        return root, tuple(0 if old == 1 and new != 1 else s
-                           for old, new, s in zip(node.srcs[0].shape, node.arg, strides))
-    return node, row_major(node.shape)
+def view_of(node: KNode, materialised=lambda n: False) -> StridedView:
+    """The buffer a custom op reading ``node`` loads from (the root of its layout chain, or the
+    nearest layout node that is ``materialised``), with the offset and element strides that read
+    ``node`` from it. The chain must be a strided view where nothing in it is materialised."""
+    found = strided_view(node, materialised)
+    if found is None:
+        raise InvalidGraph(f"internal: {node!r} is no strided view and was not materialised")
+    return found
 
 
 class GraphPlanner:
@@ -306,12 +296,13 @@ class GraphPlanner:
         self.launches: list[KernelLaunch] = []
         self.customs: list[CustomKernel] = []
         self.taken: set[str] = set()
+        self.written = output_views(graph)   # custom outputs stored through an output's layout
 
     def run(self) -> tuple[list[CustomKernel], list, list[Buffer]]:
         g = self.graph
         for node, name in zip(g.inputs, g.input_names):
             self._new_buffer(node, name, "input", exact=True)
-        needed = self._materialised()
+        needed = self.needed = self._materialised()
         done: dict = {}
         for node in g.nodes:
             if node in self.names:
@@ -333,15 +324,9 @@ class GraphPlanner:
         return tuple(self.names[o] for o in self.graph.outputs)
 
     def _materialised(self) -> set:
-        """Layout nodes that a library op or a graph output reads (custom ops read through strides)."""
-        need = set(self.graph.outputs)
-        for node in self.graph.nodes:
-            if node.op is not KOp.CUSTOM and node.op not in KERNEL_LAYOUT:
-                need.update(node.srcs)
-        for node in reversed(self.graph.nodes):  # a materialised layout node reads a materialised source
-            if node in need and node.op in KERNEL_LAYOUT:
-                need.update(node.srcs)
-        return need
+        """Nodes that get a buffer (``ir.layout.materialised``: custom ops read views through strides and write
+        output views in place)."""
+        return materialised(self.graph, self.written)
 
     def _role(self, node: KNode) -> str:
         return "output" if node in self.graph.outputs else "intermediate"
@@ -369,19 +354,28 @@ class GraphPlanner:
         bg: BlockGraph = node.arg[0]
         views = []
         for src in node.srcs:
-            root, strides = view_of(src)
+            v = view_of(src, lambda n: n in self.needed and n in self.names)
+            root = v.root
             if root.op is KOp.IOTA and root not in self.names:  # computed in the kernel, never loaded
                 shape, dim, _ = root.arg
-                views.append(InputView(None, src.dtype, strides, (row_major(shape)[dim], shape[dim])))
+                views.append(InputView(None, src.dtype, v.strides, (row_major(shape)[dim], shape[dim]),
+                                       v.offset))
             else:
-                views.append(InputView(self.names[root], src.dtype, strides))
-        outs = []
+                views.append(InputView(self.names[root], src.dtype, v.strides, offset=v.offset,
+                                       divisors=v.divisors))
+        outs, strides = [], []
         for i, spec in enumerate(bg.outputs):
             twin = KNode(KOp.CUSTOM, node.srcs, (bg, i))
-            outs.append(self._new_buffer(twin, self._out_name(twin), self._role(twin),
-                                         shape=spec.shape, dtype=spec.dtype))
+            view, through = self.written.get(twin, (None, None))
+            if view is not None:   # stored straight into the output the layout chain makes
+                outs.append(self._new_buffer(view, self._out_name(view), "output"))
+                self.names[twin] = outs[-1]
+            else:
+                outs.append(self._new_buffer(twin, self._out_name(twin), self._role(twin),
+                                             shape=spec.shape, dtype=spec.dtype))
+            strides.append(through)
         name = f"{self.prefix}{len(self.customs)}"
-        self.customs.append(CustomKernel(name, bg, tuple(views), tuple(outs)))
+        self.customs.append(CustomKernel(name, bg, tuple(views), tuple(outs), tuple(strides)))
         params = list(dict.fromkeys(v.param for v in views if v.param is not None)) + outs
         self.launches.append(KernelLaunch(name, "custom", bg.grid, (bg.threads, 1, 1), 0, tuple(params)))
         return outs

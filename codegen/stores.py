@@ -20,7 +20,7 @@ def store_output(lw: Lowering, i: int, out) -> None:
     node = out.node
     param = lw.outputs[i].param
     shape = tuple(node.shape)
-    gstrides = loops.row_major(out.shape)
+    gstrides = lw.outputs[i].strides or loops.row_major(out.shape)   # an output view writes through its strides
     terms = []
     for axis, dim in enumerate(out.omap):
         bid = lw.bid(AXES[axis])
@@ -49,7 +49,7 @@ def store_output(lw: Lowering, i: int, out) -> None:
 def _pairs_ok(p: Reg, out, shape, gstrides) -> bool:
     """A Frag's two adjacent columns per lane can go out as one 32-bit store of a 16-bit output: every
     pair starts on an even element (even width, even strides, even tile origins)."""
-    even = all(s % 2 == 0 for s in gstrides[:-1]) and shape[-1] % 2 == 0
+    even = gstrides[-1] == 1 and all(s % 2 == 0 for s in gstrides[:-1]) and shape[-1] % 2 == 0
     return isinstance(p.layout, Frag) and out.dtype.is_16bit and len(shape) >= 2 and shape[-1] > 1 and even
 
 

@@ -11,7 +11,7 @@ from mugraph.ir.errors import (InvalidGraph, InvalidInput, MugraphError, ShapeEr
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret, run_block_graph
 from mugraph.ir.node import BNode, KNode, concat, kernel_constant as constant, \
-    kernel_input as input, kernel_iota as iota, toposort
+    kernel_input as input, kernel_iota as iota, kernel_table as table, toposort
 from mugraph.ir.ops import BOp, KOp, TOp
 from mugraph.ir.serialize import from_dict, from_json, load, save, to_dict, to_json
 from mugraph.ir.thread import ThreadChain, thread_chains
@@ -40,4 +40,4 @@ __all__ = ["BlockBuilder", "BlockGraph", "BlockInput", "BlockOutput", "BNode", "
            "InvalidGraph", "InvalidInput", "KernelGraph", "KNode", "KOp", "MugraphError", "Phase",
            "ShapeError", "TOp", "ThreadChain", "UnsupportedOp", "concat", "constant", "custom",
            "from_dict", "from_jax", "from_json", "input", "interpret", "iota", "load", "phases",
-           "run_block_graph", "save", "thread_chains", "to_dict", "to_json", "toposort"]
+           "run_block_graph", "save", "table", "thread_chains", "to_dict", "to_json", "toposort"]

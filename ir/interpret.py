@@ -88,7 +88,9 @@ def bind_inputs(graph: KernelGraph, arrays) -> list:
     arrays = list(arrays)
     if len(arrays) != len(names):
         raise InvalidInput(f"the graph takes {len(names)} inputs {list(names)}, got {len(arrays)} arrays")
-    for name, node, a in zip(names, graph.inputs, arrays):
+    for i, (name, node, a) in enumerate(zip(names, graph.inputs, arrays)):
+        if np.shape(a) == () and node.shape == (1,):   # a 0-d scalar input is held as [1]
+            arrays[i] = a = np.reshape(a, (1,))
         if tuple(np.shape(a)) != node.shape:
             raise InvalidInput(f"input {name!r} has shape {tuple(np.shape(a))}, the graph expects "
                                f"{node.shape}", hint="pass arrays of the traced shapes")
@@ -114,6 +116,11 @@ def _run_kernel_graph(sem, graph: KernelGraph, arrays) -> list[np.ndarray]:
 
 
 # ---- kernel ops ----------------------------------------------------------------------------------
+def window(arg) -> tuple:
+    """A SLICE's (starts, limits) as NumPy index slices."""
+    return tuple(slice(a, b) for a, b in zip(*arg))
+
+
 def _rms_norm(sem, node, x, dtype, lead: int = 0):
     """x * rsqrt(mean(x^2, dim) + eps), computed in fp32 (or float64) and rounded once."""
     dim, eps = node.arg
@@ -141,6 +148,7 @@ def _elementwise(sem, node, srcs):
 KERNEL_EVAL = {
     KOp.CONSTANT: lambda sem, n, s: sem.constant(n.arg[0], n.arg[1], n.arg[2]),
     KOp.IOTA: lambda sem, n, s: _iota(sem, n),
+    KOp.TABLE: lambda sem, n, s: sem.table(n.arg),
     KOp.MATMUL: lambda sem, n, s: sem.matmul(s[0], s[1], n.dtype),
     KOp.REDUCE_SUM: lambda sem, n, s: sem.reduce_sum(s[0], n.arg, n.dtype),
     KOp.REDUCE_MAX: lambda sem, n, s: sem.reduce_max(s[0], n.arg, n.dtype),
@@ -149,12 +157,16 @@ KERNEL_EVAL = {
     KOp.TRANSPOSE: lambda sem, n, s: np.ascontiguousarray(np.transpose(s[0], n.arg)),
     KOp.RESHAPE: lambda sem, n, s: np.reshape(s[0], n.arg),
     KOp.BROADCAST: lambda sem, n, s: np.ascontiguousarray(np.broadcast_to(s[0], n.arg)),
+    KOp.SLICE: lambda sem, n, s: np.ascontiguousarray(s[0][window(n.arg)]),
 } | {op: _elementwise for op in TOp}
 
 
 # ---- block graphs --------------------------------------------------------------------------------
 def _block_matmul(sem, n, s):
-    return sem.matmul(s[0], s[1], F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
+    """A tile matmul; an operand of lower rank (a 2-D weight tile next to a 4-D head tile) gets
+    its missing batch dims after the grid axes, as in `_block_elementwise`."""
+    a, b = (_align(v, src.rank, n.rank) for v, src in zip(s, n.srcs))
+    return sem.matmul(a, b, F32, mma_dtype(n.srcs[0].dtype, n.srcs[1].dtype))
 
 
 def _block_elementwise(sem, node, srcs):

@@ -9,9 +9,24 @@ scalar or a uniform array) or a lazy `View`: an IR node plus, per IR dim, the ja
 Only non-unit IR dims carry a label; a jaxpr dim that no IR dim carries is unit or broadcast.
 So JAX's dropped reduction dims, its `broadcast_in_dim`s, unit reshapes, squeezes and transposes
 are relabelings that build no nodes: IR reductions keep their dim and IR binary ops broadcast
-NumPy-style. Layout nodes (TRANSPOSE, RESHAPE, BROADCAST) appear only where a concrete layout is
-needed: graph outputs, matmul operands, concatenation, and operands of elementwise ops whose
-dims do not line up.
+NumPy-style. Layout nodes (TRANSPOSE, RESHAPE, BROADCAST, SLICE) appear only where a concrete
+layout is needed: graph outputs, matmul operands, concatenation, operands of elementwise ops whose
+dims do not line up, and model code's layout work: reshapes that split or merge dims (head split
+and merge), static slices (strides 1) and `jnp.split`, `jnp.repeat` (a broadcast merged into a
+dim). Custom kernels read these as views (`ir.layout`) wherever the strides allow.
+
+Model code. A dot_general with several contracting dims, or free dims on both sides next to
+batch dims (Flax's LinearGeneral, einsums over heads), is one matmul of operands grouped to
+[batch..., M, K] @ [batch..., K, N]; the operand order that transposes no computed tensor is
+taken (probs @ V). A value of rank 5 with unit dims (a batch of 1 next to a repeated head dim)
+fits by dropping them. 0-d inputs (a learned scalar) and outputs (a mean loss) are [1] tensors;
+`ir.origin.traced_outputs` gives outputs their traced shapes back.
+
+Constants. Work on values that depend on no input is computed by JAX as the front end goes
+(`View.known`): index expressions stay IR (a causal mask is computed in the kernel), anything
+else the IR has no op for or would compute from constants (cos and sin of RoPE angles, a
+concatenation of constants, integer index arithmetic, a closed-over array where it meets a
+tensor) is folded into a TABLE, as XLA folds it into a literal.
 
 Dtypes. Every lifted tensor has the dtype jax.jit gives it: `convert_element_type` between
 float types is a CAST (so `x.astype(f32) * x.astype(f32)` squares in fp32 as JAX does, and a
@@ -39,7 +54,7 @@ import inspect
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
@@ -49,11 +64,14 @@ from jax.extend.core import ClosedJaxpr, Literal
 from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput, MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
-from mugraph.ir.node import KNode, concat, kernel_constant, kernel_input, kernel_iota, toposort
+from mugraph.ir.layout import strided_view
+from mugraph.ir.node import (KNode, concat, kernel_constant, kernel_input, kernel_iota,
+                             kernel_table, toposort)
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp, PREDICATES, TOp, is_mask
 from mugraph.ir.origin import record_jax_origin
 from mugraph.ir.semantics import NUMPY_ELEMENTWISE
 from mugraph.ir.shapes import EXACT_INTEGERS, MAX_RANK
+from mugraph.ir.table_values import MAX_ELEMENTS as MAX_TABLE_ELEMENTS
 
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -71,21 +89,26 @@ class Const:
 @dataclass(frozen=True)
 class View:
     """A jaxpr value of `shape` held by `node`: IR dim i is jaxpr dim `labels[i]` (None: unit).
-    `from_mask`: the value is a boolean converted to a float by the equation that made it."""
+    `from_mask`: the value is a boolean converted to a float by the equation that made it.
+    `known`: the value itself where it depends on no input (an index array, a mask, a RoPE
+    angle), as jax computes it: what a fold into a TABLE takes."""
 
     node: KNode
     labels: tuple
     shape: tuple
     from_mask: bool = False
+    known: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Opaque:
-    """A constant array mugraph cannot hold (closed over and not uniform, or computed by
-    constant-only work it cannot fold, like index arithmetic); an error where a tensor meets it."""
+    """A constant array that is not uniform (closed over, or computed from constants by work
+    with no IR op, like integer index arithmetic). `array` holds it where it is known: it then
+    becomes a TABLE where it meets a tensor; without one it is an error there."""
 
     shape: tuple
     dtype: np.dtype
+    array: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 class _Unsupported(Exception):
@@ -166,7 +189,7 @@ def _arrange(v: View, slots) -> KNode:
             perm[pos] = i
         node = node.transpose(tuple(perm))
     shape = tuple(v.shape[s] if s is not None and s in v.labels else 1 for s in slots)
-    return node if node.shape == shape else node.reshape(shape)
+    return _reshaped(node, shape)
 
 
 def _index_leaves(node: KNode) -> bool:
@@ -678,16 +701,102 @@ def lift_squeeze(eqn, x):
 
 
 def lift_reshape(eqn, x, *dynamic_shape):
-    """A reshape that only adds or drops unit dims; anything else would merge or split dims."""
+    """A reshape that only adds or drops unit dims is a relabeling; one that splits or merges
+    dims (a head split [B, S, H*D] -> [B, S, H, D], a head merge) is a RESHAPE of the
+    materialised operand: row-major, so a view of it wherever the strides allow."""
     old, new = tuple(eqn.invars[0].aval.shape), _out(eqn)[0]
+    if eqn.params.get("dimensions") is not None:
+        raise _Unsupported("a reshape with a `dimensions` permutation",
+                           hint="transpose first, then reshape (jnp.reshape does)")
+    if isinstance(x, Const):
+        return Const(x.value, x.dtype, new)
     old_dims = [d for d, n in enumerate(old) if n != 1]
     new_dims = [d for d, n in enumerate(new) if n != 1]
-    if eqn.params.get("dimensions") is not None or \
-            [old[d] for d in old_dims] != [new[d] for d in new_dims]:
-        raise _Unsupported(f"a reshape from {list(old)} to {list(new)} merges or splits dims",
-                           hint="mugraph's IR keeps dims separate; reshape outside the traced "
-                                "function")
-    return _relabel(x, eqn, dict(zip(old_dims, new_dims)))
+    if [old[d] for d in old_dims] == [new[d] for d in new_dims]:
+        return _relabel(x, eqn, dict(zip(old_dims, new_dims)))
+    return _reshaped_view(_materialize_wide(x), new)
+
+
+def _reshaped(node: KNode, shape) -> KNode:
+    """`node` reshaped to `shape`: a reshape of a reshape reshapes the first one's source (they
+    compose, row-major), and one to the same shape is none."""
+    shape = tuple(shape)
+    while node.op is KOp.RESHAPE:
+        node = node.srcs[0]
+    return node if node.shape == shape else node.reshape(shape)
+
+
+def _reshaped_view(node: KNode, shape) -> View:
+    """`node` reshaped (row-major) to the jaxpr `shape`, held without its unit dims (a view's
+    unit dims carry no label), so a rank-5 shape with a unit dim still fits."""
+    wide = [d for d, n in enumerate(shape) if n != 1]
+    _check_rank([shape[d] for d in wide])
+    target = tuple(shape[d] for d in wide) or (1,)
+    return _view(_reshaped(node, target), wide or (None,), shape)
+
+
+def _materialize_wide(v: View) -> KNode:
+    """v as a tensor whose row-major order is the jaxpr value's, for a reshape to read: unit dims
+    dropped, and where that leaves more dims than a kernel tensor has, adjacent dims the node
+    holds merged, leftmost first, until it fits: jnp.repeat(k, r, axis=2) of k [B, T, H, D] is
+    [B*T, H, r, D] before its reshape to [B, T, H*r, D] (a view of k: a repeated dim)."""
+    slots = tuple(d for d, n in enumerate(v.shape) if n != 1) or (None,)
+    if len(slots) <= MAX_RANK:
+        return _fill(_arrange(v, slots), slots, v.shape)
+    held = tuple(d for d in slots if d in v.labels)
+    groups = [[d] for d in slots]
+    while len(groups) > MAX_RANK:
+        pair = next((k for k in range(len(groups) - 1) if groups[k][-1] in held and
+                     groups[k + 1][0] in held), None)
+        if pair is None:
+            _check_rank([v.shape[d] for d in slots])
+        groups[pair:pair + 2] = [groups[pair] + groups[pair + 1]]
+    sizes = [math.prod(v.shape[d] for d in g) for g in groups]
+    node = _arrange(v, held)
+    node = _reshaped(node, tuple(n for n, g in zip(sizes, groups) if g[0] in held))
+    node = _reshaped(node, tuple(n if g[0] in held else 1 for n, g in zip(sizes, groups)))
+    return node.broadcast_to(tuple(sizes))
+
+
+def _check_rank(shape, hint: str = "") -> None:
+    """Kernel tensors have at most MAX_RANK dims (`shape`: the sizes of the dims needed)."""
+    if len(shape) > MAX_RANK:
+        raise _Unsupported(f"a tensor of {len(shape)} non-unit dims {list(shape)} is needed here",
+                           hint=hint or f"kernel tensors have 1 to {MAX_RANK} dims; fold extra "
+                                        "dims outside the traced function")
+
+
+def lift_slice(eqn, x):
+    """x[a:b, ...] with strides 1: a SLICE (a view: an offset into its source)."""
+    starts, limits = tuple(eqn.params["start_indices"]), tuple(eqn.params["limit_indices"])
+    steps = eqn.params.get("strides")
+    if steps is not None and any(st != 1 for st in steps):
+        raise _Unsupported(f"a slice with strides {list(steps)}",
+                           hint="mugraph lifts contiguous windows (strides 1), e.g. x[..., :h]; "
+                                "take strided elements outside the traced function")
+    return _window(eqn, x, starts, limits, _out(eqn)[0])
+
+
+def _window(eqn, x, starts, limits, shape):
+    if isinstance(x, Const):
+        return Const(x.value, x.dtype, shape)
+    node = _materialize(x)
+    if tuple(starts) == (0,) * len(starts) and tuple(limits) == node.shape:
+        return _view(node, range(len(shape)), shape)
+    return _view(node.slice(starts or (0,), limits or (1,)), range(len(shape)), shape)
+
+
+def lift_split(eqn, x):
+    """jnp.split / a fused QKV: one window per part along `axis`."""
+    axis, sizes = eqn.params["axis"], [int(n) for n in eqn.params["sizes"]]
+    shape = tuple(eqn.invars[0].aval.shape)
+    outs, start = [], 0
+    for var, n in zip(eqn.outvars, sizes):
+        starts = tuple(start if d == axis else 0 for d in range(len(shape)))
+        limits = tuple(start + n if d == axis else e for d, e in enumerate(shape))
+        outs.append(_window(eqn, x, starts, limits, tuple(var.aval.shape)))
+        start += n
+    return outs
 
 
 # ---- reductions ----------------------------------------------------------------------------------
@@ -738,14 +847,14 @@ _DOT_HINT = ("mugraph lifts batched matmuls [..., M, K] @ [..., K, N]: one contr
              "in that form")
 
 
-def _dot_slots(eqn):
-    """The IR layouts of both operands (jaxpr dims in order; None = a unit dim) and the result.
+def _dot_slots(dims, lrank: int, rrank: int):
+    """The IR layouts of both operands (jaxpr dims in order; None = a unit dim) and, per IR dim
+    of the result, the dim of the dot_general's output it holds.
 
     The last free dim of each side is M (or N); the rest lead, like batch dims: paired batch dims,
     or extra free dims on one side only, which the IR matmul broadcasts against the other.
     """
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    lrank, rrank = len(eqn.invars[0].aval.shape), len(eqn.invars[1].aval.shape)
+    (lc, rc), (lb, rb) = dims
     lf = [d for d in range(lrank) if d not in (*lc, *lb)]
     rf = [d for d in range(rrank) if d not in (*rc, *rb)]
     if len(lc) != 1:
@@ -764,17 +873,89 @@ def _dot_slots(eqn):
     return lslots, rslots, out
 
 
+def _swapped(dims, lrank: int, rrank: int):
+    """The same product as B^T A^T: (slots of rhs as the IR's left operand, slots of lhs as its
+    right one, and the original output dim of each IR result dim)."""
+    (lc, rc), (lb, rb) = dims
+    lslots, rslots, out = _dot_slots(((rc, lc), (rb, lb)), rrank, lrank)
+    nb, nlf = len(lb), lrank - len(lc) - len(lb)
+    nrf = rrank - len(rc) - len(rb)
+
+    def original(p):
+        if p is None or p < nb:
+            return p
+        return nb + nlf + (p - nb) if p < nb + nrf else nb + (p - nb - nrf)
+    return lslots, rslots, tuple(original(p) for p in out)
+
+
+def _moves_computed_dims(v: View, slots) -> bool:
+    """Whether arranging `v` in `slots` transposes a computed tensor (not a view of an input or
+    an index): a copy, where a view of an input is free."""
+    mapped = [slots.index(label) for label in v.labels if label is not None and label in slots]
+    if mapped == sorted(mapped):
+        return False
+    root = strided_view(v.node)
+    return root is None or root.root.op not in (KOp.INPUT, KOp.IOTA, KOp.TABLE)
+
+
+def _dot_layout(eqn, lhs: View, rhs: View):
+    """(left view, right view, left slots, right slots, out): the operand order that transposes
+    fewer computed tensors (attention's probs @ V rather than V^T @ probs^T; the result is a lazy
+    view either way)."""
+    dims = eqn.params["dimension_numbers"]
+    lrank, rrank = len(lhs.shape), len(rhs.shape)
+    lslots, rslots, out = _dot_slots(dims, lrank, rrank)
+    try:
+        sl, sr, sout = _swapped(dims, lrank, rrank)
+    except _Unsupported:
+        return lhs, rhs, lslots, rslots, out
+    cost = _moves_computed_dims(lhs, lslots) + _moves_computed_dims(rhs, rslots)
+    if _moves_computed_dims(rhs, sl) + _moves_computed_dims(lhs, sr) < cost:
+        return rhs, lhs, sl, sr, sout
+    return lhs, rhs, lslots, rslots, out
+
+
 def lift_dot_general(eqn, lhs, rhs):
     """dot_general as an IR matmul; operands not in [..., M, K] / [..., K, N] order are
-    transposed."""
-    lslots, rslots, out = _dot_slots(eqn)
+    transposed. Several contracting dims, or free dims on both sides next to batch dims (Flax's
+    LinearGeneral [B, S, D] x [D, H, hd], an einsum over heads), become one matmul of the
+    operands reshaped to [batch..., M, K] @ [batch..., K, N] (views where the dims are
+    contiguous) and a reshape of the result to JAX's [batch..., free left..., free right...]."""
     lhs, rhs = _as_view(lhs), _as_view(rhs)
+    try:
+        lhs, rhs, lslots, rslots, out = _dot_layout(eqn, lhs, rhs)
+    except _Unsupported:
+        return _grouped_dot(eqn, lhs, rhs)
     # Batch and free dims may stay unit (the IR matmul broadcasts, the result view keeps them
     # unit); the contracting dim (last on the left, next to last on the right) must be real.
     left = _fill(_arrange(lhs, lslots), lslots, lhs.shape, keep_unit=lslots[:-1])
     right = _fill(_arrange(rhs, rslots), rslots, rhs.shape, keep_unit=rslots[:-2] + rslots[-1:])
     node = _typed_matmul(left, right, _ir_dtype(_out(eqn)[1]))
     return _view(node, (None,) * (node.rank - len(out)) + out, _out(eqn)[0])
+
+
+def _grouped_dot(eqn, lhs: View, rhs: View) -> View:
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lf = [d for d in range(len(lhs.shape)) if d not in (*lc, *lb)]
+    rf = [d for d in range(len(rhs.shape)) if d not in (*rc, *rb)]
+    batch = tuple(lhs.shape[d] for d in lb)
+    m, k = math.prod(lhs.shape[d] for d in lf), math.prod(lhs.shape[d] for d in lc)
+    n = math.prod(rhs.shape[d] for d in rf)
+    left = _grouped(lhs, (*lb, *lf, *lc), batch + (m, k))
+    right = _grouped(rhs, (*rb, *rc, *rf), batch + (k, n))
+    node = _typed_matmul(left, right, _ir_dtype(_out(eqn)[1]))
+    return _reshaped_view(node, _out(eqn)[0])
+
+
+def _grouped(v: View, slots, shape) -> KNode:
+    """v with its jaxpr dims in `slots` order, reshaped to `shape` (dims grouped row-major)."""
+    wide = tuple(d for d in slots if v.shape[d] != 1) or (None,)
+    _check_rank([v.shape[d] for d in wide if d is not None])
+    node = _fill(_arrange(v, wide), wide, v.shape)
+    shape = tuple(shape)
+    if len(shape) > MAX_RANK:   # leading unit batch dims
+        shape = (math.prod(shape[:-2]),) + shape[-2:]
+    return _reshaped(node, shape)
 
 
 def _typed_matmul(left: KNode, right: KNode, want: DType) -> KNode:
@@ -846,7 +1027,8 @@ RULES = {
     "convert_element_type": lift_convert_element_type,
     "stop_gradient": lift_identity, "copy": lift_identity, "copy_p": lift_identity,
     "reduce_precision": lift_reduce_precision, "optimization_barrier": lift_identity,
-    "broadcast_in_dim": lift_broadcast_in_dim, "reshape": lift_reshape,
+    "broadcast_in_dim": lift_broadcast_in_dim, "reshape": lift_reshape, "slice": lift_slice,
+    "split": lift_split,
     "squeeze": lift_squeeze, "transpose": lift_transpose,
     "reduce_sum": lift_reduce_sum, "reduce_max": lift_reduce_max, "reduce_min": lift_reduce_min,
     "dot_general": lift_dot_general, "concatenate": lift_concatenate, "select_n": lift_select_n,
@@ -862,7 +1044,6 @@ UNSUPPORTED_HINTS = {
     "argmin": "mugraph lifts values, not indices; use jnp.min for the value",
     "gather": _INDEX_HINT, "scatter": _INDEX_HINT, "scatter-add": _INDEX_HINT,
     "scatter_add": _INDEX_HINT, "dynamic_slice": _INDEX_HINT, "dynamic_update_slice": _INDEX_HINT,
-    "slice": "mugraph's IR has no slicing; pass the sliced array as an argument",
     "pad": "mugraph's IR has no padding; pad outside the traced function",
     "conv_general_dilated": "convolutions are not lifted; express the layer as a matmul "
                             "(e.g. a 1x1 convolution is x @ w)",
@@ -872,8 +1053,8 @@ UNSUPPORTED_HINTS = {
     "reduce_prod": "only sum, max and min reductions are lifted",
 }
 _DEFAULT_HINT = ("mugraph lifts elementwise float math, comparisons and jnp.where, index arrays "
-                 "(iota), sum/max/min reductions, matmuls and unit-dim layout changes; compute "
-                 "this part outside the traced function")
+                 "(iota), sum/max/min reductions, matmuls and einsums, reshapes, transposes, "
+                 "slices and concatenations; compute this part outside the traced function")
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -904,10 +1085,11 @@ def _read(env: dict, var):
 def _closed_const(array) -> Const | Opaque:
     array = np.asarray(array)
     flat = array.reshape(-1)
-    numeric = jnp.issubdtype(array.dtype, jnp.floating) or jnp.issubdtype(array.dtype, jnp.integer)
+    numeric = jnp.issubdtype(array.dtype, jnp.floating) or jnp.issubdtype(array.dtype, jnp.integer) \
+        or array.dtype == np.bool_
     if numeric and flat.size and (flat.size == 1 or bool(np.all(flat == flat[0]))):
         return Const(_rounded(flat[0], array.dtype), array.dtype, array.shape)
-    return Opaque(array.shape, array.dtype)
+    return Opaque(array.shape, array.dtype, array if numeric else None)
 
 
 _LAYOUT_PRIMITIVES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "transpose",
@@ -922,10 +1104,13 @@ _INDEX_PRIMITIVES = _LAYOUT_PRIMITIVES | {"iota", "add", "sub", "mul", "neg", "m
 
 def _check_operands(eqn, args) -> None:
     """Tensors meet only lifted constants, and make float tensors, masks or exact indices."""
-    if any(isinstance(a, Opaque) for a in args):
-        raise _Unsupported("an operand is a constant array that is not uniform (closed over, or "
-                           "built inside the function)",
-                           hint="pass the array as an argument of the traced function")
+    for a in args:
+        if isinstance(a, Opaque):
+            what = "not computable ahead of time" if a.array is None else \
+                f"of {a.array.size} elements, above the {MAX_TABLE_ELEMENTS} a graph holds"
+            raise _Unsupported(f"an operand is a constant array (closed over, or built inside the "
+                               f"function) {what}",
+                               hint="pass the array as an argument of the traced function")
     if not any(isinstance(a, View) for a in args) and eqn.primitive.name != "iota":
         return
     for var in eqn.outvars:
@@ -987,29 +1172,172 @@ def lift_eqn(eqn, args, where: str | None = None) -> list:
 
     `where` is the user's source line of the enclosing call: JAX records none inside the body of
     a nested jit, so errors there point at the line that called it.
+
+    Work on values that depend on no input is also computed, by JAX itself: a result the IR can
+    hold as an index expression stays one (a causal mask is computed in the kernel); one it
+    cannot (cos of RoPE angles, a concatenation of constants, a closed-over array where it meets
+    a tensor) is folded into a TABLE, as XLA folds it into a literal.
     """
     name = eqn.primitive.name
     if name in CALLS:
         return _lift_call(eqn, args, _source(eqn) or where)
     rule = RULES.get(name)
+    known = _concrete(args)
     if not any(isinstance(a, View) for a in args):
         if name in FOLDS and not any(isinstance(a, Opaque) for a in args):
             return [FOLDS[name](eqn, *args)]
         if rule is None or any(isinstance(a, Opaque) for a in args):
-            # Constant-only work mugraph cannot fold (index arithmetic, iota): an error, if any,
-            # belongs to the equation where it meets a tensor.
-            return [Opaque(tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in eqn.outvars]
+            return _constant_outputs(eqn, known)
     try:
         if rule is None:
+            if known is not None:
+                return _folded_outputs(eqn, known)
             raise _Unsupported("mugraph has no rule for this primitive",
                                hint=UNSUPPORTED_HINTS.get(name, _DEFAULT_HINT))
+        args = [_table_of(a) if isinstance(a, Opaque) else a for a in args]
         _check_operands(eqn, args)
         out = rule(eqn, *args)
         out = out if isinstance(out, list) else [out]
         _check_indices(eqn, out)
     except _Unsupported as e:
+        if known is not None and rule is not None:
+            return _folded_outputs(eqn, known)
         raise _error(eqn, e, where) from None
-    return out
+    return out if known is None else _with_known(eqn, out, known)
+
+
+# ---- values that depend on no input: computed by JAX, folded where the IR cannot hold them -------
+def _concrete(args) -> list | None:
+    """The arrays of `args` where every one is known (depends on no input), else None."""
+    arrays = []
+    for a in args:
+        if isinstance(a, Const):
+            arrays.append(np.full(a.shape, a.value, a.dtype))
+        elif isinstance(a, Opaque) and a.array is not None:
+            arrays.append(a.array)
+        elif isinstance(a, View) and a.known is not None:
+            arrays.append(a.known)
+        else:
+            return None
+    return arrays
+
+
+def _evaluate(eqn, arrays) -> list | None:
+    """The equation's outputs computed by JAX on concrete arrays (eagerly, even inside a trace
+    of the caller), or None where JAX cannot."""
+    try:
+        with jax.ensure_compile_time_eval():
+            out = eqn.primitive.bind(*arrays, **eqn.params)
+    except Exception:   # a primitive that does not evaluate eagerly: the value stays unknown
+        return None
+    out = out if eqn.primitive.multiple_results else [out]
+    return [np.asarray(o) for o in out]
+
+
+def _constant_outputs(eqn, known) -> list:
+    """Outputs of constant-only work mugraph has no rule for: uniform ones are Consts, others
+    Opaque (with their values where JAX computes them); an error, if any, belongs to the
+    equation where one meets a tensor."""
+    values = _evaluate(eqn, known) if known is not None else None
+    if values is None:
+        return [Opaque(tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in eqn.outvars]
+    return [_closed_const(v) for v in values]
+
+
+def _folded_outputs(eqn, known) -> list:
+    """Outputs of work on known values that has no rule: computed by JAX and held as TABLEs
+    (floats) or Opaque arrays (booleans and integers, until they meet a tensor)."""
+    values = _evaluate(eqn, known)
+    if values is None:
+        raise _error(eqn, _Unsupported("mugraph has no rule for this primitive",
+                                       hint=UNSUPPORTED_HINTS.get(eqn.primitive.name,
+                                                                  _DEFAULT_HINT)), None)
+    outs = []
+    for v in values:
+        c = _closed_const(v)
+        outs.append(_table_of(c) if isinstance(c, Opaque) and jnp.issubdtype(v.dtype, jnp.floating)
+                    else c)
+    return outs
+
+
+def _with_known(eqn, out: list, known) -> list:
+    """Outputs of work on known values: index expressions keep their IR nodes (and learn their
+    values); anything else the IR would compute from constants is folded into a TABLE."""
+    values = _evaluate(eqn, known)
+    if values is None:
+        return out
+    done = []
+    for o, v in zip(out, values):
+        if isinstance(o, View) and _index_leaves(o.node):
+            done.append(replace(o, known=v))
+        elif isinstance(o, View) and jnp.issubdtype(v.dtype, jnp.floating) and \
+                v.size <= MAX_TABLE_ELEMENTS:
+            done.append(_table_view(v, o.from_mask))
+        elif isinstance(o, View):
+            done.append(replace(o, known=v))
+        else:
+            done.append(o)
+    return done
+
+
+def _table_of(value: Opaque) -> View | Opaque:
+    """A known constant array as a TABLE where it meets a tensor: booleans as 0/1 masks, integers
+    as exact floats; unknown or too large, it stays Opaque (an error in `_check_operands`)."""
+    array = value.array
+    if array is not None and array.dtype == np.bool_:
+        band = _band_mask(array)
+        if band is not None:
+            return band
+    if array is None or array.size > MAX_TABLE_ELEMENTS:
+        return value
+    if array.dtype == np.bool_:
+        return _table_view(array.astype(np.float32), from_mask=True)
+    if _is_index(array.dtype):
+        if array.size and np.abs(array).max() >= EXACT_INTEGERS[DType.FLOAT32]:
+            return value
+        return _table_view(array.astype(np.float32))
+    return _table_view(array)
+
+
+def _band_mask(mask: np.ndarray) -> View | None:
+    """A boolean array that is a band of its last two dims, i + k >= j (jnp.tril) or
+    j >= i + k (jnp.triu), the same for every index of its leading dims (folded by JAX where
+    `jnp.tril(jnp.ones(...))` was built), rebuilt as the comparison of two iotas it is:
+    computed in the kernel, whatever its size."""
+    if mask.ndim < 2 or not mask.size:
+        return None
+    planes = mask.reshape((-1,) + mask.shape[-2:])
+    m = planes[0]
+    if not all(np.array_equal(p, m) for p in planes[1:]):
+        return None
+    rows, cols = m.shape
+    i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    counts = m.sum(axis=1)
+    partial = np.flatnonzero((counts > 0) & (counts < cols))
+    if not len(partial):
+        return None
+    r = int(partial[0])
+    for op, k in ((TOp.GE, int(counts[r]) - 1 - r), (TOp.LE, cols - int(counts[r]) - r)):
+        band = i + k >= j if op is TOp.GE else i + k <= j
+        if np.array_equal(m, band):
+            return _band_view(op, k, mask.shape)
+    return None
+
+
+def _band_view(op: TOp, k: int, shape) -> View:
+    rows = kernel_iota((shape[-2], 1), 0, "float32")
+    if k:
+        rows = KNode(TOp.ADD, (rows, kernel_constant(float(k), (1, 1), "float32")))
+    node = KNode(op, (rows, kernel_iota((1, shape[-1]), 1, "float32")))
+    labels = tuple(len(shape) - 2 + d if n != 1 else None for d, n in enumerate(node.shape))
+    return View(node, labels, tuple(shape), known=None)
+
+
+def _table_view(array, from_mask: bool = False) -> View:
+    array = np.asarray(array)
+    node = kernel_table(array, _ir_dtype(array.dtype))
+    return View(node, tuple(None if n == 1 else d for d, n in enumerate(node.shape))
+                if array.ndim else (None,), tuple(array.shape), from_mask, array)
 
 
 def _error(eqn, e: _Unsupported, where) -> UnsupportedOp:
@@ -1059,12 +1387,10 @@ def _arg_spec(i: int, leaf) -> tuple[tuple, DType]:
         raise InvalidInput(f"example argument {i} has dtype {dtype.name}",
                            hint="mugraph takes float16, bfloat16 or float32 tensors; cast it "
                                 "(integer and boolean inputs are not supported)")
-    if not 1 <= len(shape) <= MAX_RANK:
-        hint = ("scalars are not graph inputs; pass a shape-(1,) array, or bind a constant with "
-                "functools.partial" if not shape else
-                f"kernel tensors have 1 to {MAX_RANK} dims; reshape outside the traced function")
+    if len(shape) > MAX_RANK:
         raise InvalidInput(f"example argument {i} has rank {len(shape)} (shape {list(shape)})",
-                           hint=hint)
+                           hint=f"kernel tensors have 1 to {MAX_RANK} dims; reshape outside the "
+                                "traced function")
     return shape, DType.parse(dtype.name)
 
 
@@ -1104,19 +1430,23 @@ def _check_names(names, count: int, what: str) -> tuple[str, ...]:
 
 
 def _output_node(value, var, index: int) -> KNode:
-    """A graph output of exactly the jaxpr's shape (and its dtype where the IR can give it)."""
+    """A graph output of exactly the jaxpr's shape (and its dtype where the IR can give it); a 0-d
+    output (a mean loss) is a [1] tensor (`ir.origin.traced_outputs` gives it back its shape)."""
     shape, dtype = tuple(var.aval.shape), np.dtype(var.aval.dtype)
+    if isinstance(value, Opaque):
+        value = _table_of(value)
     if isinstance(value, Opaque):
         raise UnsupportedOp(f"output {index} is a constant array that is not uniform",
                             primitive="output", hint="pass it as an argument, or compute it "
                                                      "outside the traced function")
-    if not shape or not jnp.issubdtype(dtype, jnp.floating):
+    if not jnp.issubdtype(dtype, jnp.floating):
         raise UnsupportedOp(f"output {index} is a {dtype.name}{list(shape)} value mugraph cannot "
-                            "produce", primitive="output",
-                            hint="return float tensors of rank 1 to 4 (e.g. jnp.sum(x, "
-                                 "keepdims=True) instead of a 0-d scalar)")
+                            "produce", primitive="output", hint="return float tensors")
+    if isinstance(value, Const):
+        value = Const(value.value, value.dtype, shape or (1,))
     try:
-        node = _materialize(_as_view(value))
+        view = _as_view(value)
+        node = _materialize(view) if shape else _arrange(view, (None,))
     except _Unsupported as e:
         raise UnsupportedOp(f"output {index}: {e.detail}", primitive="output",
                             hint=e.hint) from None
@@ -1155,8 +1485,9 @@ def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGr
     names = _check_names(input_names, len(specs), "input_names") if input_names is not None \
         else _default_names(fn, example_args, paths)
     closed, out_shape = _trace(fn, example_args)
-    inputs = [kernel_input(n, s, d) for n, (s, d) in zip(names, specs)]
-    args = [_view(node, range(node.rank), node.shape) for node in inputs]
+    inputs = [kernel_input(n, s or (1,), d) for n, (s, d) in zip(names, specs)]
+    args = [_view(node, range(node.rank) if s else (None,), s)
+            for node, (s, _) in zip(inputs, specs)]
     outs = lift_jaxpr(closed.jaxpr, closed.consts, args)
     nodes = [_output_node(v, var, i) for i, (v, var) in enumerate(zip(outs, closed.jaxpr.outvars))]
     if output_names is not None:
@@ -1164,7 +1495,8 @@ def from_jax(fn, *example_args, input_names=None, output_names=None) -> KernelGr
     else:
         output_names = _dict_output_names(out_shape, len(nodes))
     graph = KernelGraph(nodes, inputs=inputs, output_names=output_names)
-    record_jax_origin(graph, fn, example_args)  # the float test compares with jax.jit(fn)
+    record_jax_origin(graph, fn, example_args,   # the float test compares with jax.jit(fn)
+                      [v.aval.shape for v in closed.jaxpr.outvars])
     return graph
 
 

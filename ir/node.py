@@ -191,6 +191,11 @@ class KNode(_Node):
     def reshape(self, shape): return KNode(KOp.RESHAPE, (self,), tuple(int(d) for d in shape))
     def broadcast_to(self, shape): return KNode(KOp.BROADCAST, (self,), tuple(int(d) for d in shape))
 
+    def slice(self, starts, limits):
+        """self[starts[0]:limits[0], ...] (strides 1; every dim given)."""
+        return KNode(KOp.SLICE, (self,), (tuple(int(a) for a in starts),
+                                          tuple(int(b) for b in limits)))
+
 
 class BNode(_Node):
     """A tile of one thread block: an input tile, a body value, an accumulator or an epilogue value."""
@@ -234,6 +239,12 @@ def kernel_iota(shape, dim: int, dtype="float32") -> KNode:
     shape = tuple(int(d) for d in shape)
     dim = dim + len(shape) if isinstance(dim, int) and -len(shape) <= dim < 0 else dim
     return KNode(KOp.IOTA, (), (shape, dim, DType.parse(dtype)))
+
+
+def kernel_table(values, dtype="float32") -> KNode:
+    """A constant tensor holding `values` (an array; rounded to `dtype`)."""
+    from mugraph.ir.table_values import table_arg
+    return KNode(KOp.TABLE, (), table_arg(values, DType.parse(dtype)))
 
 
 def concat(nodes, dim: int) -> KNode:

@@ -67,13 +67,15 @@ class KOp(Enum):
     INPUT = "input"            # arg: (name, shape, dtype)
     CONSTANT = "constant"      # arg: (value, shape, dtype); value may be +-inf or NaN
     IOTA = "iota"              # arg: (shape, dim, dtype): each element is its index along dim
+    TABLE = "table"            # arg: (values, shape, dtype): a constant tensor of any values
     MATMUL = "matmul"          # [..., M, K] @ [..., K, N]
     REDUCE_SUM = "reduce_sum"  # arg: dim (keepdim)
     REDUCE_MAX = "reduce_max"  # arg: dim (keepdim)
     RMS_NORM = "rms_norm"      # arg: (dim, eps): x * rsqrt(mean(x^2, dim) + eps)
     CONCAT = "concat"          # arg: dim
     TRANSPOSE = "transpose"    # arg: perm; a layout op (strided or .trans load, never a copy)
-    RESHAPE = "reshape"        # arg: shape; adds or drops unit dims only
+    RESHAPE = "reshape"        # arg: shape; row-major: splits, merges, adds or drops dims
+    SLICE = "slice"            # arg: (starts, limits); a static window, strides 1 (a view)
     BROADCAST = "broadcast"    # arg: shape; expands unit dims
     CUSTOM = "custom"          # arg: (BlockGraph, output index); a graph-defined kernel
 
@@ -110,8 +112,8 @@ COMPARISONS = frozenset({TOp.GT, TOp.GE, TOp.LT, TOp.LE, TOp.EQ, TOp.NE})
 PREDICATES = COMPARISONS | {TOp.IS_FINITE}   # ops whose values are 0/1 masks
 
 KERNEL_REDUCE = frozenset({KOp.REDUCE_SUM, KOp.REDUCE_MAX})
-KERNEL_LAYOUT = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST})
-KERNEL_LEAF = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.IOTA})
+KERNEL_LAYOUT = frozenset({KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST, KOp.SLICE})
+KERNEL_LEAF = frozenset({KOp.INPUT, KOp.CONSTANT, KOp.IOTA, KOp.TABLE})
 
 BLOCK_REDUCE = frozenset({BOp.REDUCE_SUM, BOp.REDUCE_MAX})
 BLOCK_LEAF = frozenset({BOp.INPUT, BOp.CONSTANT})
@@ -140,6 +142,8 @@ def is_mask(node, leaf=lambda n: False) -> bool:
         return True
     if op in (KOp.CONSTANT, BOp.CONSTANT):
         return node.arg[0] in (0.0, 1.0)
+    if op is KOp.TABLE:
+        return node.arg[0].is_mask
     if op in _MASK_PRESERVING:
         return all(is_mask(s, leaf) for s in node.srcs)
     if op is TOp.SUB:

@@ -29,6 +29,10 @@ def _arg(node) -> str:
         return ",".join(map(str, arg))
     if op is KOp.IOTA:
         return f"dim={arg[1]}"
+    if op is KOp.TABLE:
+        return f"#{arg[0].digest}"
+    if op is KOp.SLICE:
+        return ",".join(f"{a}:{b}" for a, b in zip(*arg))
     return str(arg)
 
 

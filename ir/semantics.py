@@ -100,6 +100,10 @@ class NumpySemantics:
     def reduce_max(self, x, dim: int, dtype: DType) -> np.ndarray:
         return self.cast(np.max(self._up(x), axis=dim, keepdims=True), dtype)
 
+    def table(self, arg) -> np.ndarray:
+        values, shape, dtype = arg
+        return self.cast(values.array(shape), dtype)
+
     def zeros(self, shape) -> np.ndarray:
         return np.zeros(shape, np.float64 if self.float64 else np.float32)
 

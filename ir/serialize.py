@@ -7,6 +7,7 @@ Schema (version 1)::
      "nodes": [{"op": "input", "arg": {"name", "shape", "dtype"}},
                {"op": "constant", "arg": {"value": 0.5 | "inf" | "-inf", "shape", "dtype"}},
                {"op": "iota", "arg": {"shape", "dim", "dtype"}},
+               {"op": "table", "arg": {"values": [row-major numbers], "shape", "dtype"}},
                {"op": "matmul", "srcs": [0, 1]},
                {"op": "custom", "srcs": [...], "arg": {"block_graph": 0, "output": 0}}, ...],
      "block_graphs": [{"grid": [x,y,z], "threads": 128, "forloop": F,
@@ -44,6 +45,9 @@ def _arg_json(node, block_ids) -> object:
         return {"value": _number_json(arg[0]), "shape": list(arg[1]), "dtype": arg[2].value}
     if op is KOp.IOTA:
         return {"shape": list(arg[0]), "dim": arg[1], "dtype": arg[2].value}
+    if op is KOp.TABLE:
+        return {"values": [_number_json(v) for v in arg[0].array(-1).tolist()],
+                "shape": list(arg[1]), "dtype": arg[2].value}
     if op is KOp.CUSTOM:
         return {"block_graph": block_ids[arg[0]], "output": arg[1]}
     if op is BOp.INPUT:
@@ -57,6 +61,8 @@ def _arg_json(node, block_ids) -> object:
         return {"dtype": arg.value}
     if op is BOp.THREAD:
         return to_entries(arg)
+    if op is KOp.SLICE:
+        return {"starts": list(arg[0]), "limits": list(arg[1])}
     if isinstance(arg, tuple):
         return list(arg)
     return arg
@@ -166,6 +172,12 @@ def _scalar_arg(op, arg, field):
         return (_number(_get(arg, "value", (int, float, str), field), f"{field}.value"),
                 _ints(_get(arg, "shape", list, field), f"{field}.shape"),
                 _dtype(_get(arg, "dtype", str, field), f"{field}.dtype"))
+    if op is KOp.TABLE:
+        from mugraph.ir.table_values import TableValues
+        values = _get(arg, "values", list, field)
+        return (TableValues([_number(v, f"{field}.values[{i}]") for i, v in enumerate(values)]),
+                _ints(_get(arg, "shape", list, field), f"{field}.shape"),
+                _dtype(_get(arg, "dtype", str, field), f"{field}.dtype"))
     if op is KOp.IOTA:
         return (_ints(_get(arg, "shape", list, field), f"{field}.shape"),
                 _get(arg, "dim", int, field), _dtype(_get(arg, "dtype", str, field), f"{field}.dtype"))
@@ -181,6 +193,9 @@ def _scalar_arg(op, arg, field):
         return arg
     if op in (KOp.TRANSPOSE, KOp.RESHAPE, KOp.BROADCAST):
         return _ints(arg, field)
+    if op is KOp.SLICE:
+        return (_ints(_get(arg, "starts", list, field), f"{field}.starts"),
+                _ints(_get(arg, "limits", list, field), f"{field}.limits"))
     if op is BOp.THREAD:
         try:
             return from_entries(arg)

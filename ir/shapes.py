@@ -5,6 +5,8 @@ A rule takes the sources (anything with `.shape` and `.dtype`) and the op's argu
 """
 from __future__ import annotations
 
+import math
+
 from mugraph.ir.dtypes import DType, promote
 from mugraph.ir.errors import InvalidGraph, ShapeError
 from mugraph.ir.ops import BINARY, BOp, KOp, TERNARY, TOp, UNARY
@@ -167,6 +169,18 @@ def _iota(op, srcs, arg):
     return shape, arg[2]
 
 
+def _table(op, srcs, arg):
+    from mugraph.ir.table_values import TableValues
+    _arity(op, srcs, 0)
+    if not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], TableValues)
+            and isinstance(arg[2], DType)):
+        raise InvalidGraph(f"table needs (TableValues, shape, dtype), got {arg!r}")
+    shape = check_shape(arg[1], "table")
+    if len(arg[0]) != math.prod(shape):
+        raise ShapeError(f"a table of {len(arg[0])} values has shape {_fmt(shape)}")
+    return shape, arg[2]
+
+
 def _concat(op, srcs, arg):
     if len(srcs) < 2:
         raise InvalidGraph(f"concat needs at least 2 operands, got {len(srcs)}")
@@ -195,12 +209,30 @@ def _transpose(op, srcs, arg):
 
 
 def _reshape(op, srcs, arg):
+    """A row-major reshape: any shape with the same number of elements."""
     _arity(op, srcs, 1)
     new = check_shape(arg, "reshape target")
-    if [d for d in new if d != 1] != [d for d in srcs[0].shape if d != 1]:
-        raise ShapeError(f"reshape of {_fmt(srcs[0].shape)} to {_fmt(new)}",
-                         hint="reshape may only add or drop unit dims")
+    if math.prod(new) != math.prod(srcs[0].shape):
+        raise ShapeError(f"reshape of {_fmt(srcs[0].shape)} ({math.prod(srcs[0].shape)} "
+                         f"elements) to {_fmt(new)} ({math.prod(new)} elements)",
+                         hint="a reshape keeps the number of elements")
     return new, srcs[0].dtype
+
+
+def _slice(op, srcs, arg):
+    """x[starts[0]:limits[0], ...]: a static window with strides 1, every dim given."""
+    _arity(op, srcs, 1)
+    shape = srcs[0].shape
+    if not (isinstance(arg, tuple) and len(arg) == 2 and all(
+            isinstance(a, tuple) and len(a) == len(shape) and
+            all(isinstance(v, int) and not isinstance(v, bool) for v in a) for a in arg)):
+        raise InvalidGraph(f"slice of {_fmt(shape)} needs (starts, limits), one int per dim, "
+                           f"got {arg!r}")
+    starts, limits = arg
+    if not all(0 <= a < b <= n for a, b, n in zip(starts, limits, shape)):
+        raise ShapeError(f"slice [{', '.join(f'{a}:{b}' for a, b in zip(starts, limits))}] of "
+                         f"{_fmt(shape)}", hint="each window must be non-empty and inside its dim")
+    return tuple(b - a for a, b in zip(starts, limits)), srcs[0].dtype
 
 
 def _broadcast(op, srcs, arg):
@@ -234,10 +266,11 @@ def _custom(op, srcs, arg):
 
 
 KERNEL_SHAPE = {
-    KOp.INPUT: _input, KOp.CONSTANT: _constant, KOp.IOTA: _iota, KOp.MATMUL: _kernel_matmul,
+    KOp.INPUT: _input, KOp.CONSTANT: _constant, KOp.IOTA: _iota, KOp.TABLE: _table,
+    KOp.MATMUL: _kernel_matmul,
     KOp.REDUCE_SUM: _reduce, KOp.REDUCE_MAX: _reduce, KOp.RMS_NORM: _rms_norm,
     KOp.CONCAT: _concat, KOp.TRANSPOSE: _transpose, KOp.RESHAPE: _reshape,
-    KOp.BROADCAST: _broadcast, KOp.CUSTOM: _custom,
+    KOp.BROADCAST: _broadcast, KOp.SLICE: _slice, KOp.CUSTOM: _custom,
 } | ELEMENTWISE_SHAPE
 
 

@@ -2,7 +2,8 @@
 
 Each `Program` is a JAX function at full shapes (what `mugraph bench search` runs) and at small
 shapes with the same structure (what the quality tier searches). They cover norm variants,
-attention variants (scales, masks, GQA grouping), MLP blocks, bias/activation epilogues,
+attention variants (scales, masks, GQA grouping; 4-D model layouts with head-split reshapes and
+jnp.repeat of K/V), MLP blocks, bias/activation epilogues,
 residuals, softmax/log-softmax/logsumexp, `jnp.where` selects, reductions over either axis,
 broadcasts and transposes, in fp16, bf16 and fp32. The search is judged on them (`evaluate`):
 lifted or not, fused or not, verified or not, and its estimate against the XLA-like baseline.
@@ -199,6 +200,49 @@ def attention_gqa_grouped(Q, K, V):
     return jnp.einsum("hqk,hkd->hqd", _nn().softmax(s, axis=-1), V)
 
 
+def _causal_softmax_values(s, v_dims: str, v):
+    """softmax over the last axis of scores `s` masked causally with jnp.finfo.min (a tril mask
+    built inside the function, as model code writes it), in fp32, times the values."""
+    jnp = _jnp()
+    n = s.shape[-1]
+    mask = jnp.tril(jnp.ones((n, n), dtype=bool))
+    s = jnp.where(mask, s, jnp.finfo(s.dtype).min)
+    probs = _nn().softmax(s.astype(jnp.float32), axis=-1).astype(v.dtype)
+    return jnp.einsum(v_dims, probs, v)
+
+
+def attention_4d_causal(Q, K, V):
+    """(B, H, S, D) attention written as 4-D einsums with a causal mask."""
+    jnp = _jnp()
+    s = jnp.einsum("bhsd,bhtd->bhst", Q, K) / math.sqrt(Q.shape[-1])
+    return _causal_softmax_values(s, "bhst,bhtd->bhsd", V)
+
+
+def _heads(x, heads: int):
+    b, s, d = x.shape
+    return x.reshape(b, s, heads, d // heads)
+
+
+def mha_head_split_causal(Q, K, V):
+    """Multi-head attention on [B, S, D] projections: head-split reshapes, causal, head merge."""
+    jnp = _jnp()
+    b, s, d = Q.shape
+    heads = 2 if d <= 64 else 8
+    q, k, v = (_heads(t, heads) for t in (Q, K, V))
+    scores = jnp.einsum("bshd,bthd->bhst", q, k) / math.sqrt(d // heads)
+    return _causal_softmax_values(scores, "bhst,bthd->bshd", v).reshape(b, s, d)
+
+
+def gqa_repeat_causal(Q, K, V):
+    """Grouped-query attention as Llama writes it: K/V heads repeated with jnp.repeat, causal,
+    heads merged back into [B, S, H*D]."""
+    jnp = _jnp()
+    b, s, h, d = Q.shape
+    k, v = (jnp.repeat(t, h // t.shape[2], axis=2) for t in (K, V))
+    scores = jnp.einsum("bshd,bthd->bhst", Q, k) / math.sqrt(d)
+    return _causal_softmax_values(scores, "bhst,bthd->bshd", v).reshape(b, s, h * d)
+
+
 def leaky_relu_linear(X, W):
     jnp = _jnp()
     y = X @ W
@@ -322,6 +366,20 @@ _PROGRAMS = [
             attention_gqa_grouped, dict(Q=(8, 64, 128), K=(8, 2048, 128), V=(8, 2048, 128)),
             dict(Q=(2, 64, 64), K=(2, 256, 64), V=(2, 256, 64)), F16, input_scale=0.5,
             kinds=("attention", "transpose")),
+    Program("attention_4d_causal", "(B, H, S, D) causal attention as 4-D einsums (tril, finfo.min)",
+            attention_4d_causal, dict(Q=(2, 8, 1024, 64), K=(2, 8, 1024, 64), V=(2, 8, 1024, 64)),
+            dict(Q=(2, 2, 32, 16), K=(2, 2, 32, 16), V=(2, 2, 32, 16)), F16, input_scale=0.5,
+            kinds=("attention", "select", "4d")),
+    Program("mha_head_split_causal", "multi-head causal attention: head-split reshapes of "
+            "[B, S, D] inputs, head merge", mha_head_split_causal,
+            dict(Q=(1, 1024, 512), K=(1, 1024, 512), V=(1, 1024, 512)),
+            dict(Q=(1, 32, 32), K=(1, 32, 32), V=(1, 32, 32)), F16, input_scale=0.5,
+            kinds=("attention", "select", "reshape", "4d")),
+    Program("gqa_repeat_causal", "GQA as Llama writes it: jnp.repeat of K/V heads, causal, "
+            "heads merged", gqa_repeat_causal,
+            dict(Q=(1, 1024, 8, 64), K=(1, 1024, 2, 64), V=(1, 1024, 2, 64)),
+            dict(Q=(1, 32, 4, 16), K=(1, 32, 2, 16), V=(1, 32, 2, 16)), F16, input_scale=0.5,
+            kinds=("attention", "select", "repeat", "reshape", "4d")),
     Program("leaky_relu_linear", "jnp.where(y > 0, y, 0.01 * y) of y = X @ W", leaky_relu_linear,
             dict(X=(16, 4096), W=(4096, 4096)), dict(X=(16, 256), W=(256, 256)), F16,
             input_scale=0.25, kinds=("select", "epilogue", "mlp")),

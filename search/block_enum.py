@@ -584,7 +584,8 @@ class BlockEnumerator:
         labels = self.state.labels[node]
         options = []
         for lab in self.skeleton.grid:
-            same = [d for d, dl in enumerate(labels) if dl is not UNIT_DIM and dl.outer is lab]
+            same = [d for d, dl in enumerate(labels) if dl is not UNIT_DIM and
+                    (dl.outer is lab or self.ctx.is_composite((lab,) + dl.factors))]
             options.append(same if same else list(range(len(labels))))
         result = []
         for omap in itertools.product(*options):
@@ -629,5 +630,7 @@ class BlockEnumerator:
         """The label of an output dim that blocks along a grid axis write side by side."""
         if tile is not UNIT_DIM and tile.outer is lab:
             return DimLabel((lab,) + tile.factors[1:])
+        if tile is not UNIT_DIM and self.ctx.is_composite((lab,) + tile.factors):
+            return DimLabel((lab,) + tile.factors)    # the inner factors of a head-split dim
         split = self.ctx.split_label(lab, sizes.grid[self.skeleton.grid.index(lab)])
         return DimLabel((split,)) if tile is UNIT_DIM else DimLabel((split,) + tile.factors)

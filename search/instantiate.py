@@ -12,7 +12,7 @@ from mugraph.ir.errors import InvalidGraph
 from mugraph.ir.ops import BOp, KOp
 from mugraph.search.labels import UNIT_DIM, LabelAnalysis
 from mugraph.ir.thread import map_constants
-from mugraph.search.views import resized_view, same_extents
+from mugraph.search.views import remember_resize, resized_view, same_extents
 
 
 # Shape-derived constants: a spec constant equal to one of these functions of a label's extent
@@ -61,16 +61,20 @@ def reduced_extents(analysis: LabelAnalysis, spec: KernelGraph, limit: int) -> t
     to a constant), the concat's labels keep their extents, as do the dims a reshape splits or
     merges.
     """
-    fixed = reshaped_labels(spec, analysis)
-    extents, rescale = _shrunk(analysis, spec, limit, fixed)
+    fixed = analysis.rigid             # a slice's window, a regrouping, a table keep their extents
+    regrouped = reshaped_labels(spec, analysis)
+    extents, rescale = _shrunk(analysis, spec, limit, fixed, regrouped)
     if not all(total == extents[out] for out, total in _concat_axes(spec, analysis, extents)):
-        extents, rescale = _shrunk(analysis, spec, limit, fixed | concat_labels(spec, analysis))
+        extents, rescale = _shrunk(analysis, spec, limit, fixed | concat_labels(spec, analysis),
+                                   regrouped)
     return extents, rescale
 
 
-def _shrunk(analysis, spec, limit: int, fixed: frozenset) -> tuple[dict, dict]:
-    """`reduced_extents` with the labels in `fixed` kept at their extents."""
-    shrinks = lambda lab: lab.extent > limit and lab not in fixed  # noqa: E731
+def _shrunk(analysis, spec, limit: int, fixed: frozenset, regrouped: frozenset) -> tuple[dict, dict]:
+    """`reduced_extents` with the labels in `fixed` kept at their extents; a label a reshape
+    splits or merges shrinks only by a whole number of `limit`s (its parts must still divide)."""
+    shrinks = lambda lab: lab.extent > limit and lab not in fixed and \
+        (lab not in regrouped or lab.extent % limit == 0)  # noqa: E731
     bound = extent_constants(spec, analysis, shrinks)
     forms: dict = {}
     for n in spec.nodes:
@@ -117,8 +121,8 @@ def concat_labels(spec: KernelGraph, analysis: LabelAnalysis) -> frozenset:
 
 
 def reshaped_labels(spec: KernelGraph, analysis: LabelAnalysis) -> frozenset:
-    """The labels of the dims a reshape splits or merges: their extents are tied by a product
-    that shrinking one alone would break."""
+    """The labels of the dims a reshape splits or merges (and the dims beside them): their
+    extents are tied by a product."""
     return frozenset(analysis.of(n)[d].outer for node in spec.nodes
                      if node.op is KOp.RESHAPE and not same_extents(node.shape, node.srcs[0].shape)
                      for n in (node, node.srcs[0]) for d in range(n.rank) if n.shape[d] > 1)
@@ -151,6 +155,7 @@ def reinstantiate_spec(spec: KernelGraph, analysis: LabelAnalysis, extents: dict
     for node in spec.nodes:
         shape = rescaled_shape(analysis.of(node), extents)
         mapping[node] = _rebuild_kernel_node(node, mapping, shape)
+        remember_resize(node, mapping[node])
         if node in bound:
             lab, form = bound[node]
             value = _rounded(EXTENT_FORMS[form](extents[lab]), node.arg[2])
@@ -166,6 +171,10 @@ def _rebuild_kernel_node(node: KNode, mapping, shape) -> KNode:
         arg = (arg[0], shape, arg[2])
     elif node.op in (KOp.RESHAPE, KOp.BROADCAST):
         arg = shape
+    elif node.op is KOp.SLICE:   # its sliced dims are rigid; the others take the new extents
+        starts, limits = arg
+        full = [a == 0 and b == n for a, b, n in zip(starts, limits, node.srcs[0].shape)]
+        arg = (starts, tuple(m if whole else b for whole, b, m in zip(full, limits, shape)))
     elif node.op is KOp.CONSTANT and any(d > 1 for d in arg[1]):
         arg = (arg[0], shape, arg[2])
     return KNode(node.op, srcs, arg)
@@ -192,10 +201,8 @@ def resize(graph: KernelGraph, inputs: list[KNode], choose, constants: dict) -> 
                         return None
                     blocks[key] = resize_block(node.arg[0], srcs, *sizes, constants)
                 mapping[node] = KNode(KOp.CUSTOM, srcs, (blocks[key], node.arg[1]))
-            elif node.op is KOp.RESHAPE:
+            elif node.op in (KOp.RESHAPE, KOp.SLICE, KOp.BROADCAST):
                 mapping[node] = resized_view(node, srcs[0])
-            elif node.op is KOp.BROADCAST:
-                return None
             else:
                 mapping[node] = KNode(node.op, srcs, _constant_arg(node, constants))
         return KernelGraph([mapping[o] for o in graph.outputs], inputs, graph.output_names)

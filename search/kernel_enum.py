@@ -19,7 +19,8 @@ from mugraph.search.context import Reject
 from mugraph.search.labels import UNIT_DIM, checked_labels
 from mugraph.search.leaves import is_index_leaf
 from mugraph.search.schedules import reduced_sizes, skeletons
-from mugraph.search.views import as_shape, over_inputs, same_extents, view_tensors
+from mugraph.search.views import (as_shape, output_chain, over_inputs, rebuilt_chain,
+                                  same_extents, view_tensors)
 from mugraph.verify.abstract import normalize as N
 
 _KIND_RANK = {op: i for i, op in enumerate(list(KOp) + list(TOp))}
@@ -134,9 +135,15 @@ class KernelEnumerator:
         for node, expr in self.spec_outputs:
             match = next((t for t in reversed(tensors) if same_extents(t.node.shape, node.shape)
                           and self.ctx.pruner.same(t.expr, expr)), None)
+            if match is not None:
+                outs.append(as_shape(match.node, node.shape))   # keepdims or not: a view
+                continue
+            core, chain = output_chain(node)    # a transposed or reshaped output: written through
+            match = next((t for t in reversed(tensors) if chain and same_extents(
+                t.node.shape, core.shape) and self.ctx.pruner.same(t.expr, expr)), None)
             if match is None:
                 return None
-            outs.append(as_shape(match.node, node.shape))   # keepdims or not: a view
+            outs.append(rebuilt_chain(chain, as_shape(match.node, core.shape)))
         if all(over_inputs(o) for o in outs):
             return None
         try:
@@ -161,7 +168,8 @@ class KernelEnumerator:
         if not final:
             return Goal(self.ctx.config.max_block_outputs)
         missing = tuple((expr, node.shape, node.dtype) for node, expr in self.spec_outputs
-                        if not any(same_extents(t.node.shape, node.shape)
+                        if not any((same_extents(t.node.shape, node.shape) or
+                                    same_extents(t.node.shape, output_chain(node)[0].shape))
                                    and self.ctx.pruner.same(t.expr, expr)
                                    for t in tensors))
         return Goal(len(missing), missing)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph, KNode
+from mugraph.ir.layout import reshape_groups
 from mugraph.ir.ops import KOp, TOp
+from mugraph.search.leaves import TABLE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -117,15 +119,97 @@ def _unify(uf, node: KNode) -> None:
         for d, p in enumerate(node.arg):
             uf.union((node, d), (node.srcs[0], p))
     elif op is KOp.RESHAPE:
-        src_dims = [d for d, n in enumerate(node.srcs[0].shape) if n > 1]
-        dst_dims = [d for d, n in enumerate(node.shape) if n > 1]
-        for s, t in zip(src_dims, dst_dims):
-            uf.union((node, t), (node.srcs[0], s))
+        for src_dims, dst_dims in _wide_groups(node):
+            if len(src_dims) == 1 and len(dst_dims) == 1:
+                uf.union((node, dst_dims[0]), (node.srcs[0], src_dims[0]))
+    elif op is KOp.SLICE:
+        src = node.srcs[0]
+        for d in range(node.rank):
+            if node.shape[d] == src.shape[d] > 1:
+                uf.union((node, d), (src, d))
     elif op is KOp.CONCAT:
         for src in node.srcs:
             for d in range(node.rank):
                 if d != node.arg and node.shape[d] > 1:
                     uf.union((node, d), (src, d))
+
+
+def _wide_groups(node: KNode) -> list[tuple[list, list]]:
+    """A reshape's dim groups (ir.layout.reshape_groups) without their unit dims."""
+    old, new = node.srcs[0].shape, node.shape
+    return [([i for i in gi if old[i] > 1], [j for j in gj if new[j] > 1])
+            for gi, gj in reshape_groups(old, new)]
+
+
+def _compositions(uf, nodes) -> tuple[dict, set]:
+    """What reshapes and slices say beyond equal indices: {root: roots of its parts, outer
+    first} for a dim a reshape splits into (or merges from) several, and the roots whose
+    extents are rigid (a slice's window and its source dim; both sides of a reshape that
+    regroups several dims into several others, like [6, 4] to [4, 6]; a table's dims: its values
+    fix them).
+
+    One dim split two ways into parts of the same extents (K and V repeated to the same heads)
+    has equal parts: they are unified, until no composition disagrees."""
+    splits, rigid = [], set()
+    for node in nodes:
+        if node.op is KOp.TABLE or node.op is KOp.INPUT and node.arg[0].startswith(TABLE_PREFIX):
+            rigid.update(uf.find((node, d)) for d in range(node.rank) if node.shape[d] > 1)
+        if node.op is KOp.SLICE:
+            rigid.update(_sliced(uf, node))
+        elif node.op is KOp.RESHAPE:
+            for src_dims, dst_dims in _wide_groups(node):
+                whole, pieces = ((node.srcs[0], src_dims), (node, dst_dims)) \
+                    if len(src_dims) == 1 else ((node, dst_dims), (node.srcs[0], src_dims))
+                if len(whole[1]) == 1 and len(pieces[1]) > 1:
+                    splits.append(((whole[0], whole[1][0]), [(pieces[0], d) for d in pieces[1]]))
+                elif len(src_dims) > 1 and len(dst_dims) > 1:
+                    rigid.update(uf.find((n, d)) for n, dims in ((node.srcs[0], src_dims),
+                                                                  (node, dst_dims)) for d in dims)
+    while True:
+        parts, conflicts = _split_roots(uf, splits)
+        merged = False
+        for a, b in conflicts:
+            if [_extent(p) for p in a] == [_extent(p) for p in b]:
+                for x, y in zip(a, b):
+                    merged |= uf.find(x) != uf.find(y)
+                    uf.union(x, y)
+            else:
+                rigid.update(uf.find(p) for p in a + b)
+        if not merged:
+            return parts, {uf.find(r) for r in rigid}
+
+
+def _split_roots(uf, splits) -> tuple[dict, list]:
+    parts, first, conflicts = {}, {}, []
+    for whole, pieces in splits:
+        root, split = uf.find(whole), tuple(uf.find(p) for p in pieces)
+        if parts.setdefault(root, split) != split:
+            conflicts.append((first[root], pieces))
+        first.setdefault(root, pieces)
+    return parts, conflicts
+
+
+def _extent(key) -> int:
+    node, dim = key
+    return node.shape[dim]
+
+
+def _sliced(uf, node) -> set:
+    """The roots a slice fixes: its window's dim and its source's."""
+    src, out = node.srcs[0], set()
+    for d in range(node.rank):
+        if node.shape[d] != src.shape[d]:
+            out.add(uf.find((src, d)))
+            if node.shape[d] > 1:
+                out.add(uf.find((node, d)))
+    return out
+
+
+def _factors(root, parts: dict, labels: dict, seen=()) -> tuple:
+    """The atomic labels of a root, outer to inner (a composite root's parts, flattened)."""
+    if root in parts and root not in seen:
+        return tuple(f for p in parts[root] for f in _factors(p, parts, labels, seen + (root,)))
+    return (labels[root],)
 
 
 @dataclass
@@ -136,6 +220,7 @@ class LabelAnalysis:
     parallel: frozenset  # labels that appear in an output dim
     labels: tuple       # every non-unit label, by uid
     reduced: frozenset = frozenset()  # labels the program sums or maxes over somewhere
+    rigid: frozenset = frozenset()    # labels whose extent a slice or a regrouping fixes
 
     def of(self, node: KNode) -> tuple[DimLabel, ...]:
         return self.dims[node]
@@ -156,20 +241,18 @@ def analyze(graph: KernelGraph) -> LabelAnalysis:
         for d in range(node.rank):
             uf.find((node, d))
         _unify(uf, node)
+    parts, rigid_roots = _compositions(uf, nodes)
     roots: dict = {}
-    dims = {}
     for node in nodes:
-        labels = []
         for d, n in enumerate(node.shape):
-            if n == 1:
-                labels.append(UNIT_DIM)
-                continue
             root = uf.find((node, d))
-            if root not in roots:
+            if n > 1 and root not in parts and root not in roots:
                 roots[root] = Label(len(roots), n, _name(node, d, len(roots)))
-            labels.append(DimLabel((roots[root],)))
-        dims[node] = tuple(labels)
-    parallel = frozenset(dl.outer for o in graph.outputs for dl in dims[o] if dl is not UNIT_DIM)
+    dims = {node: tuple(UNIT_DIM if n == 1 else
+                        DimLabel(_factors(uf.find((node, d)), parts, roots))
+                        for d, n in enumerate(node.shape)) for node in nodes}
+    parallel = frozenset(f for o in graph.outputs for dl in dims[o] if dl is not UNIT_DIM
+                         for f in dl.factors)
     reduced = set()
     for node in nodes:
         if node.op in (KOp.REDUCE_SUM, KOp.REDUCE_MAX):
@@ -182,7 +265,9 @@ def analyze(graph: KernelGraph) -> LabelAnalysis:
             continue
         src = dims[node.srcs[0]][dim] if node.op is not KOp.MATMUL else dims[node.srcs[0]][-1]
         reduced.update(f for f in src.factors if f is not UNIT)
-    return LabelAnalysis(dims, parallel, tuple(roots.values()), frozenset(reduced))
+    rigid = frozenset(f for r in rigid_roots for f in _factors(r, parts, roots) if r in roots
+                      or r in parts)
+    return LabelAnalysis(dims, parallel, tuple(roots.values()), frozenset(reduced), rigid)
 
 
 def _name(node: KNode, dim: int, uid: int) -> str:

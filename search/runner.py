@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import SearchError
+from mugraph.ir.layout import copies
 from mugraph.ir.ops import KERNEL_LAYOUT, KERNEL_LEAF, KOp
 from mugraph.search.config import SearchConfig
 from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, Reject,
@@ -51,9 +52,17 @@ class Context:
         self.budget = Budget(max(0.0, deadline - time.monotonic()), states_left)
         self.output_names = problem.reduced.output_names
         self._splits: dict = {}
+        self._composites = None
 
     def is_reduction(self, label: Label) -> bool:
         return label.uid < 0 or label not in self.analysis.parallel
+
+    def is_composite(self, factors: tuple) -> bool:
+        """Whether the spec has a dim of these labels (outer first): a head split's (H, D)."""
+        if self._composites is None:
+            self._composites = frozenset(dl.factors for dims in self.analysis.dims.values()
+                                         for dl in dims if len(dl.factors) > 1)
+        return factors in self._composites
 
     def split_label(self, label: Label, extent: int) -> Label:
         """The label of the blocks' side-by-side partials when a grid axis splits `label`."""
@@ -480,10 +489,9 @@ def _check_one(spec, graph, config):
 def describe(graph: KernelGraph) -> str:
     """One line: how many kernels, and each custom kernel's grid and loop."""
     customs = graph.custom_ops()
-    read_by_library = {s for n in graph.nodes if n.op is not KOp.CUSTOM for s in n.srcs}
+    copied = set(copies(graph))    # layout ops that run as copies; the others are views
     library = [n for n in graph.nodes if n.op not in KERNEL_LEAF and n.op is not KOp.CUSTOM
-               and not (n.op in KERNEL_LAYOUT and n not in read_by_library
-                        and (n not in graph.outputs or n.op is KOp.RESHAPE))]   # views
+               and (n.op not in KERNEL_LAYOUT or n in copied)]
     parts = [f"{len(customs)} custom kernel{'s' * (len(customs) != 1)}"]
     if library:
         parts.append(f"{len(library)} library op{'s' * (len(library) != 1)}")

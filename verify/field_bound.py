@@ -12,6 +12,7 @@ from fractions import Fraction
 from mugraph.ir.block import BlockGraph, Phase
 from mugraph.ir.errors import VerificationError
 from mugraph.ir.graph import KernelGraph
+from mugraph.ir.layout import reshape_groups
 from mugraph.ir.node import BNode
 from mugraph.ir.ops import ACCUMULATORS, BOp, KOp, TOp
 from mugraph.ir.thread import evaluate as evaluate_thread
@@ -201,14 +202,27 @@ def _transpose(sem, node, a: Term) -> Term:
 
 
 def _reshape(sem, node, a: Term) -> Term:
-    """Unit dims added or dropped: the non-unit dims keep their order."""
-    src = [i - len(node.srcs[0].shape) for i, n in enumerate(node.srcs[0].shape) if n != 1]
-    out = [i - len(node.shape) for i, n in enumerate(node.shape) if n != 1]
-    where = dict(zip(src, out))
+    """A row-major reshape: a dim of the result varies where a dim of its group varies (a head
+    split of a varying dim varies in both parts; a merge of dims varies if either does)."""
+    old, new = node.srcs[0].shape, node.shape
+    where: dict = {}
+    for gi, gj in reshape_groups(old, new):
+        wide = [j - len(new) for j in gj if new[j] != 1]
+        for i in gi:
+            where[i - len(old)] = wide
 
     def move(dims):
-        return frozenset(d if d == LOOP else where[d] for d in dims if d == LOOP or d in where)
+        return frozenset(x for d in dims for x in ((d,) if d == LOOP else where.get(d, ())))
     return replace(a, vary=move(a.vary), den_vary=move(a.den_vary))
+
+
+def _slice(sem, node, a: Term) -> Term:
+    """A window keeps its dims; one cut to extent 1 no longer varies."""
+    unit = {d - len(node.shape) for d, n in enumerate(node.shape) if n == 1}
+
+    def keep(dims):
+        return frozenset(d for d in dims if d not in unit)
+    return replace(a, vary=keep(a.vary), den_vary=keep(a.den_vary))
 
 
 def _concat(sem, node, *args) -> Term:
@@ -229,8 +243,16 @@ def _thread(sem, node, *srcs) -> Term:
     return evaluate_thread(node, srcs, lambda m, v: _node_term(sem, m, v))
 
 
+def _table(sem, node) -> Term:
+    """A mask table is exact 0/1 constants; any other table a leaf drawn like an input."""
+    if node.arg[0].is_mask:
+        return sem.element(1.0)
+    return _input_term(node)
+
+
 STRUCTURAL = {
     KOp.CONSTANT: lambda sem, node: sem.element(node.arg[0]),
+    KOp.TABLE: _table,
     KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
     KOp.REDUCE_SUM: _reduce_sum,
@@ -239,6 +261,7 @@ STRUCTURAL = {
     KOp.CONCAT: _concat,
     KOp.TRANSPOSE: _transpose,
     KOp.RESHAPE: _reshape,
+    KOp.SLICE: _slice,
     KOp.BROADCAST: lambda sem, node, a: a,
     BOp.CONSTANT: lambda sem, node: sem.element(node.arg[0]),
     BOp.MATMUL: _matmul,
@@ -363,8 +386,10 @@ def _source_boxes(node, box) -> list:
             out[d] = box[i]
         return [tuple(out)]
     if op is KOp.RESHAPE:
-        values = iter(b for b, n in zip(box, node.shape) if n != 1)
-        return [tuple(ONE if n == 1 else next(values) for n in srcs[0].shape)]
+        return [_reshaped_box(srcs[0].shape, node.shape, box)]
+    if op is KOp.SLICE:
+        return [tuple(_entry(("slice", a, key), size, n) if n > 1 else ONE
+                      for a, (key, size), n in zip(node.arg[0], box, srcs[0].shape))]
     if op is KOp.CONCAT:
         d = node.arg
         return [_with(box, d, (("concat", k, box[d][0]), min(box[d][1], s.shape[d])))
@@ -408,6 +433,20 @@ def _kernel_cone(graph: KernelGraph, index: int) -> Cone:
                 for src, src_box in zip(node.srcs, _source_boxes(node, box)):
                     cone.reach(src, src_box)
     return cone
+
+
+def _reshaped_box(old, new, box) -> tuple:
+    """A reshape's source box: a dim that keeps its extent keeps its entry; the dims of a group
+    that splits or merges are read whole (more elements than needed: the bound stays sound)."""
+    out = [ONE] * len(old)
+    for gi, gj in reshape_groups(old, new):
+        wide_i, wide_j = [i for i in gi if old[i] != 1], [j for j in gj if new[j] != 1]
+        if len(wide_i) == 1 and len(wide_j) == 1:
+            out[wide_i[0]] = box[wide_j[0]]
+        else:
+            for i in wide_i:
+                out[i] = _full(old[i])
+    return tuple(out)
 
 
 def _enter_block(node, box, cone: Cone) -> None:

@@ -54,6 +54,20 @@ class FiniteFieldSemantics:
     def constant(self, value: float, shape, dtype) -> np.ndarray:
         return np.full(shape, self.element(value), VALUE if self.exponents else np.int64)
 
+    def table(self, arg) -> np.ndarray:
+        """A TABLE leaf: a 0/1 mask exactly; other values drawn per element from a hash keyed by
+        the table's content (like an input: the same in every program of one test)."""
+        values, shape, _ = arg
+        if values.is_mask:
+            one, zero = self.element(1.0), self.element(0.0)
+            return np.where(values.array(shape) == 1.0, one, zero)
+        key = np.uint64(derive_key(self.key, "table", values.digest))
+        h = mix64(mix64(as_u64(np.arange(math.prod(shape), dtype=np.int64).reshape(shape)) ^ key))
+        residues = uniform_below(h, self.field.p)
+        if not self.exponents:
+            return residues
+        return join(residues, uniform_below(mix64(h ^ _Q_SALT), self.field.q))
+
     def zeros(self, shape) -> np.ndarray:
         return np.zeros(shape, VALUE if self.exponents else np.int64)
 

@@ -21,6 +21,7 @@ from mugraph.ir.block import BlockGraph, BlockOutput
 from mugraph.ir.errors import InvalidInput, VerificationError
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import KERNEL_EVAL, run_block_graph
+from mugraph.ir.layout import reshape_groups
 from mugraph.ir.node import BNode
 from mugraph.ir.ops import BOp, KOp
 from mugraph.verify.field import (as_u64, derive_key, join, mix64, single_threaded_blas,
@@ -114,12 +115,50 @@ def source_sets(node, sets) -> list:
             out[d] = sets[i]
         return [tuple(out)]
     if op is KOp.RESHAPE:
-        values = iter(s for s, n in zip(sets, node.shape) if n != 1)
-        return [tuple(np.zeros(1, np.int64) if n == 1 else next(values)
-                      for n in srcs[0].shape)]
+        return [_reshape_sets(srcs[0].shape, node.shape, sets)]
+    if op is KOp.SLICE:
+        return [tuple(_shifted(s, a, b, n) for s, a, b, n in
+                      zip(sets, *node.arg, srcs[0].shape))]
     if op is KOp.CONCAT:
         return _concat_sets(node, sets)
     return [_aligned(s.shape, sets, node.shape) for s in srcs]
+
+
+def _reshape_sets(old, new, sets) -> tuple:
+    """A reshape's source sets: a dim that keeps its extent keeps its set, the dims of a group
+    that splits or merges are needed whole (the reshape is computed whole there, then cut)."""
+    out = [np.zeros(1, np.int64)] * len(old)
+    for gi, gj in _wide_groups(old, new):
+        if len(gi) == 1 and len(gj) == 1:
+            out[gi[0]] = sets[gj[0]]
+        else:
+            for i in gi:
+                out[i] = ALL
+    return tuple(out)
+
+
+def _wide_groups(old, new) -> list:
+    return [([i for i in gi if old[i] != 1], [j for j in gj if new[j] != 1])
+            for gi, gj in reshape_groups(old, new)]
+
+
+def _shifted(s, start: int, limit: int, extent: int):
+    """The source indices of a window's indices `s`."""
+    if s is not ALL:
+        return s + start
+    return ALL if (start, limit) == (0, extent) else np.arange(start, limit)
+
+
+def _reshaped(value, src, node, sets) -> np.ndarray:
+    """A reshape of a source restricted by `_reshape_sets`: computed with its split or merged
+    groups whole, then cut to `sets`."""
+    shape, have = list(node.shape), [ALL] * node.rank
+    for gi, gj in _wide_groups(src.shape, node.shape):
+        if len(gi) == 1 and len(gj) == 1:
+            shape[gj[0]] = _size(sets[gj[0]], node.shape[gj[0]])
+            have[gj[0]] = sets[gj[0]]
+    full = np.reshape(value, shape)
+    return restrict(full, tuple(have), sets, node.shape)
 
 
 def _with(sets, dim: int, value) -> tuple:
@@ -293,8 +332,10 @@ def _eval_node(sem, node, have, values):
     if op is KOp.BROADCAST:
         return np.ascontiguousarray(np.broadcast_to(args[0], _shape(node, sets)))
     if op is KOp.RESHAPE:
-        return np.reshape(args[0], _shape(node, sets))
-    if op in (KOp.CONSTANT, KOp.IOTA):
+        return _reshaped(args[0], node.srcs[0], node, sets)
+    if op is KOp.SLICE:
+        return args[0]    # the source was cut to the window's indices already
+    if op in (KOp.CONSTANT, KOp.IOTA, KOp.TABLE):
         full = KERNEL_EVAL[op](sem, node, [])
         return restrict(full, (ALL,) * len(node.shape), sets, node.shape)
     return KERNEL_EVAL[op](sem, node, args)

@@ -41,8 +41,10 @@ CASES = {
     KOp.REDUCE_SUM: lambda: _x().sum(1), KOp.REDUCE_MAX: lambda: _x((2, 4, 8)).amax(0),
     KOp.RMS_NORM: lambda: _x((4, 64)).rms_norm(1, 1e-6),
     KOp.CONCAT: lambda: ir.concat([_x(), _x((4, 3), "float32", name="y")], 1),
-    KOp.TRANSPOSE: lambda: _x((2, 4, 8)).transpose((2, 0, 1)), KOp.RESHAPE: lambda: _x().reshape((4, 1, 8)),
+    KOp.TRANSPOSE: lambda: _x((2, 4, 8)).transpose((2, 0, 1)), KOp.RESHAPE: lambda: _x().reshape((2, 16)),
     KOp.BROADCAST: lambda: _x((4, 1)).broadcast_to((4, 8)),
+    KOp.SLICE: lambda: _x((4, 8)).slice((1, 2), (4, 7)),
+    KOp.TABLE: lambda: ir.table(np.linspace(-2.0, 2.0, 32).reshape(4, 8), "float16"),
 }
 
 

@@ -57,6 +57,7 @@ def _rms_norm(x, arg):
 JNP_KERNEL = {
     KOp.CONSTANT: lambda arg: jnp.full(arg[1], arg[0], jnp.float32),
     KOp.IOTA: lambda arg: jax.lax.broadcasted_iota(jnp.float32, arg[0], arg[1]),
+    KOp.TABLE: lambda arg: jnp.asarray(arg[0].array(arg[1]), jnp.float32),
     KOp.MATMUL: lambda a, b, arg: jnp.matmul(a, b),
     KOp.REDUCE_SUM: lambda x, arg: jnp.sum(x, axis=arg, keepdims=True),
     KOp.REDUCE_MAX: lambda x, arg: jnp.max(x, axis=arg, keepdims=True),
@@ -65,6 +66,7 @@ JNP_KERNEL = {
     KOp.TRANSPOSE: lambda x, arg: jnp.transpose(x, arg),
     KOp.RESHAPE: lambda x, arg: jnp.reshape(x, arg),
     KOp.BROADCAST: lambda x, arg: jnp.broadcast_to(x, arg),
+    KOp.SLICE: lambda x, arg: jax.lax.slice(x, arg[0], arg[1]),
 }
 
 JNP_EVAL = JNP_KERNEL | JNP_ELEMENTWISE  # INPUT is bound by the caller; CUSTOM is not evaluated

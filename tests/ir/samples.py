@@ -1,6 +1,8 @@
 """One small, valid graph per op of every level, for tests that must cover every op."""
 from __future__ import annotations
 
+import numpy as np
+
 from mugraph import ir
 from mugraph.ir import BNode, BOp, KNode, KOp, KernelGraph, TOp
 from mugraph.ir import thread
@@ -22,13 +24,15 @@ def kernel_sample(op) -> KernelGraph:
         KOp.INPUT: lambda: x,
         KOp.CONSTANT: lambda: x * ir.constant(1.5, (1, 1, 4)),
         KOp.IOTA: lambda: x * ir.iota((1, 3, 1), 1),
+        KOp.TABLE: lambda: x * ir.table(np.linspace(-1.0, 1.0, 12).reshape(3, 4), F16),
         KOp.MATMUL: lambda: x @ y,
         KOp.REDUCE_SUM: lambda: x.sum(1),
         KOp.REDUCE_MAX: lambda: x.amax(2),
         KOp.RMS_NORM: lambda: x.rms_norm(-1, 1e-5),
         KOp.CONCAT: lambda: ir.concat([x, y.transpose((0, 2, 1))], 0),
         KOp.TRANSPOSE: lambda: x.transpose((2, 0, 1)),
-        KOp.RESHAPE: lambda: x.sum(1).reshape((2, 4)),
+        KOp.RESHAPE: lambda: (x + 1.0).reshape((2, 12)).reshape((2, 3, 2, 2)),
+        KOp.SLICE: lambda: (x + 1.0).slice((0, 1, 2), (2, 3, 4)),
         KOp.BROADCAST: lambda: x.sum(1).broadcast_to((2, 5, 4)),
         KOp.CUSTOM: lambda: _custom_node(x, y),
     }

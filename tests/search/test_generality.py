@@ -31,6 +31,9 @@ STATES = {
     "attention_gqa_grouped": 9_000,
     "column_mean_scale": 2_500,
     "linear_scale_residual": 4_000,
+    "attention_4d_causal": 2_500,
+    "mha_head_split_causal": 6_000,
+    "gqa_repeat_causal": 9_000,
 }
 SAFETY_SECONDS = 120.0
 CHECK_SEED = 20261203          # not the search's seed (0): the verdict is not the search's filter

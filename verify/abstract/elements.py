@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from mugraph.ir.block import BlockGraph, Phase
+from mugraph.ir.layout import reshape_groups
 from mugraph.ir.node import BNode, KNode
 from mugraph.ir.ops import ACCUMULATORS, BOp, KOp, TOp
 from mugraph.ir.thread import expand
@@ -246,6 +247,12 @@ def _input(lw: Elements, node: KNode, index, read) -> Expr:
 IOTA = ("iota",)   # the "tensor" whose element at i is i: no input name (a str) equals it
 
 
+def _table(lw: Elements, node: KNode, index, read) -> Expr:
+    """A table's element: an uninterpreted tensor named by the table's content (no input name,
+    a str, equals the tuple), which carries its values for numeric evaluation."""
+    return Expr(Op.ACCESS, (), (("table", node.arg[0], node.shape), tuple(index)))
+
+
 def _iota(lw: Elements, node: KNode, index, read) -> Expr:
     """An index tensor's element: its index along `dim`, an uninterpreted function of it."""
     dim = node.arg[1]
@@ -260,10 +267,22 @@ def _transpose(lw: Elements, node: KNode, index, read) -> Expr:
 
 
 def _reshape(lw: Elements, node: KNode, index, read) -> Expr:
-    """Reshape adds or drops unit dims only: the other dims keep their order."""
+    """A row-major reshape, group by group: the group's result dims are linearised and the
+    linear index split into the source dims (divisions a merge needs may refine a variable)."""
     src = node.srcs[0]
-    kept = iter([i for i, n in zip(index, node.shape) if n != 1])
-    return read(src, tuple(ZERO if n == 1 else next(kept) for n in src.shape))
+    at = [ZERO] * src.rank
+    for gi, gj in reshape_groups(src.shape, node.shape):
+        linear = ZERO
+        for j in gj:
+            linear = linear * node.shape[j] + (ZERO if node.shape[j] == 1 else index[j])
+        for i in reversed(gi[1:]):
+            linear, at[i] = divide(linear, src.shape[i])
+        at[gi[0]] = linear
+    return read(src, _clip(src.shape, at))
+
+
+def _slice(lw: Elements, node: KNode, index, read) -> Expr:
+    return read(node.srcs[0], tuple(i + a for i, a in zip(index, node.arg[0])))
 
 
 def _broadcast(lw: Elements, node: KNode, index, read) -> Expr:
@@ -306,8 +325,10 @@ def _custom(lw: Elements, node: KNode, index, read) -> Expr:
 
 KERNEL_ELEMENT = {
     KOp.INPUT: _input,
+    KOp.TABLE: _table,
     KOp.TRANSPOSE: _transpose,
     KOp.RESHAPE: _reshape,
+    KOp.SLICE: _slice,
     KOp.BROADCAST: _broadcast,
     KOp.CONCAT: _concat,
     KOp.CUSTOM: _custom,

@@ -71,7 +71,8 @@ def _eval(e: Expr, arrays: dict, env: dict, memo: dict) -> float:
     elif e.op is Op.ACCESS:
         name, index = e.param
         at = tuple(a.value(env) for a in index)
-        value = float(at[0]) if name == ("iota",) else float(arrays[name][at])
+        value = float(at[0]) if name == ("iota",) else \
+            float(name[1].array(name[2])[at]) if name[0] == "table" else float(arrays[name][at])
     elif e.op is Op.REDUCE:
         value = _reduce(e, arrays, env, memo)
     elif e.op in EVAL:

@@ -1,6 +1,6 @@
 """The abstract-expression column of the op tables: IR nodes (kernel and block level) to `Expr`s.
 
-Layout ops (transpose, reshape, broadcast) are identities: the abstraction forgets indices.
+Layout ops (transpose, reshape, broadcast, slice) are identities: the abstraction forgets indices.
 Concat is an opaque, ordered function of its parts. A kernel matmul with inner size K is
 sum(K, a*b); a custom op is its block graph's output expression under the real tiling: an input
 tile is its kernel tensor's expression, a block matmul over a K-tile of k is sum(k, a*b), and an
@@ -99,8 +99,14 @@ def _iota(node: KNode, a) -> Expr:
     return E.var(f"%iota{dim}", shape)
 
 
+def _table(node: KNode, a) -> Expr:
+    """A table is a leaf of its own, named by its content."""
+    return E.var(f"%table{node.arg[0].digest}", node.shape)
+
+
 KERNEL_LOWER = {
     KOp.INPUT: _kernel_input,
+    KOp.TABLE: _table,
     KOp.CONSTANT: lambda node, a: E.const(node.arg[0]),
     KOp.IOTA: _iota,
     KOp.MATMUL: _matmul,
@@ -111,6 +117,7 @@ KERNEL_LOWER = {
     KOp.TRANSPOSE: lambda node, a: a[0],
     KOp.RESHAPE: lambda node, a: a[0],
     KOp.BROADCAST: lambda node, a: a[0],
+    KOp.SLICE: lambda node, a: a[0],
     KOp.CUSTOM: _custom,
 }
 
