@@ -163,9 +163,10 @@ case("Python if on a value", U, errors.InvalidInput, r"TracerBoolConversionError
     lambda t: ir.from_jax(lambda x: x if x.sum() > 0 else -x, A))
 case("function raises", U, errors.InvalidInput, r"ZeroDivisionError")(
     lambda t: ir.from_jax(lambda x: 1 / 0, A))
-case("0-d output", U, errors.UnsupportedOp, r"0-d|rank")(lambda t: ir.from_jax(lambda x: 3.0, A))
-case("scalar input", U, errors.InvalidInput, r"rank 0")(
-    lambda t: ir.from_jax(lambda x: x * 2, S((), jnp.float32)))
+case("integer output", U, errors.UnsupportedOp, r"int32")(
+    lambda t: ir.from_jax(lambda x: jnp.argmax(x, axis=-1), A))
+case("integer input", U, errors.InvalidInput, r"int32")(
+    lambda t: ir.from_jax(lambda x: x * 2, S((4,), jnp.int32)))
 case("not a function", U, errors.InvalidInput, r"JAX function or a KernelGraph")(
     lambda t: mugraph.superoptimize(42))
 case("string argument", U, errors.InvalidInput, r"is a str, not an array")(
