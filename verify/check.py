@@ -250,7 +250,8 @@ def _formal_method(proof, status: str) -> MethodResult:
         why = "not asked for" if status == "skipped" else status
         return MethodResult("formal", "skipped", why)
     detail = getattr(proof, "detail", "") or ""
-    why = f"{proof.method}, in real arithmetic (rounding is the float test's)" if proof.proved \
+    why = (f"{proof.method}, in real arithmetic, rounding only where the program rounds (the "
+           f"rest of rounding is the float test's)") if proof.proved \
         else f"{proof.method}: {detail}" if detail else proof.method
     return MethodResult("formal", status, why)
 

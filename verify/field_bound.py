@@ -116,6 +116,14 @@ class SymbolicSemantics:
         self.apps.add((op, params), 1, args)
         return _atom(args)
 
+    def rounding(self, a: Term, dtype) -> Term:
+        """A CAST covers both outcomes of the run: the program's own rounding (x, exact) and a
+        new one (an uninterpreted application)."""
+        if not dtype.is_16bit:
+            return a
+        self.oracle("round", dtype.value, a)
+        return replace(a, num=max(a.num, 1), value=None)
+
     def lattice(self, kind: str, a: Term, b: Term) -> Term:
         self.apps.add(kind, 3, [a, b])          # Φ(a), Φ(b), Φ⁻¹ of their sum
         return _atom([a, b])

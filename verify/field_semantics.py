@@ -26,12 +26,53 @@ class NeedsExponents(Exception):
     """An exp was reached in a run without exponent images: the test reruns with them."""
 
 
+class Roundings:
+    """What the spec's run rounds to each 16-bit dtype: the residues of its casts' operands, and
+    its inputs of that dtype (whose values a cast to it keeps). Recorded by the spec's run, read
+    by the candidate's: a candidate's rounding of a value the program rounds the same way (or
+    holds in that dtype already) is the program's own, and kept exact; any other is a new
+    rounding (`FiniteFieldSemantics.rounding`)."""
+
+    def __init__(self):
+        self._cast: dict = {}       # dtype -> [residue arrays], then one sorted array
+        self._inputs: dict = {}
+
+    def add(self, dtype, residues, *, input_: bool = False) -> None:
+        table = self._inputs if input_ else self._cast
+        table.setdefault(dtype, []).append(np.asarray(residues, np.int64).reshape(-1))
+
+    def holds(self, dtype, residues) -> np.ndarray:
+        """Which of `residues` the program rounds to `dtype` (or holds in it)."""
+        residues = np.asarray(residues, np.int64)
+        found = _member(self._sorted(self._cast, dtype), residues)
+        if not found.all():   # inputs only when needed: a large weight is costly to sort
+            found |= _member(self._sorted(self._inputs, dtype), residues)
+        return found
+
+    @staticmethod
+    def _sorted(table, dtype) -> np.ndarray:
+        parts = table.get(dtype)
+        if parts is None:
+            return np.zeros(0, np.int64)
+        if isinstance(parts, list):
+            parts = table[dtype] = np.unique(np.concatenate(parts))
+        return parts
+
+
+def _member(sorted_values: np.ndarray, residues: np.ndarray) -> np.ndarray:
+    if sorted_values.size == 0:
+        return np.zeros(residues.shape, bool)
+    at = np.minimum(np.searchsorted(sorted_values, residues), sorted_values.size - 1)
+    return sorted_values[at] == residues
+
+
 # ---- the semantics -------------------------------------------------------------------------------
 class FiniteFieldSemantics:
     """One test's semantics for the interpreter: values are Z_p residues (`exponents=False`) or
     (Z_p, Z_q ∪ {⊥}) records (`exponents=True`, needed as soon as a program has an exp)."""
 
-    def __init__(self, field: Field, key: int, exponents: bool = True):
+    def __init__(self, field: Field, key: int, exponents: bool = True,
+                 roundings: Roundings | None = None):
         self.field = field
         self.key = key
         self.exponents = exponents
@@ -39,13 +80,19 @@ class FiniteFieldSemantics:
         self.constant_values: dict[int, float] = {}   # p residue -> float (POW exponents)
         self._oracle_keys: dict = {}
         self._permutations: dict = {}
+        # the spec's run records its roundings; a candidate's run reads the spec's
+        self.recorded = Roundings() if roundings is None else None
+        self.roundings = roundings
 
     # -- the interpreter's interface: leaves, storage, structure --------------------------------
     def cast(self, x, dtype) -> np.ndarray:
-        return self._value(x)   # values are exact: dtypes and casts do not change them
+        return self._value(x)   # storing to a node's dtype: exact (its rounding is the float test's)
 
     def input(self, array, dtype) -> np.ndarray:
-        return self._value(array)
+        value = self._value(array)
+        if self.recorded is not None and dtype is not None and dtype.is_16bit:
+            self.recorded.add(dtype, self.residue(value), input_=True)
+        return value
 
     def _value(self, x) -> np.ndarray:
         x = np.asarray(x)
@@ -164,6 +211,23 @@ class FiniteFieldSemantics:
             fallback = uniform_below(self._hash("exp", None, [p_part(v)]), self.field.q)
             exponent = np.where(bottom, fallback, exponent)
         return without_image(power_of_g(self.field, exponent))
+
+    def rounding(self, x, dtype) -> np.ndarray:
+        """A CAST to `dtype`. To fp32 (the widest dtype) nothing is rounded: x. To a 16-bit dtype
+        in the spec's run: x, recorded (the program's own roundings are what a candidate may
+        skip or repeat). In a candidate's run: x where the spec rounds the same value to the same
+        dtype (or holds it in that dtype), else an uninterpreted function of x: a rounding the
+        program does not make changes the value, so `cast(e·2^-18, f16)·2^18` never equals e."""
+        if not dtype.is_16bit:
+            return x
+        residue = self.residue(x)
+        if self.roundings is None:
+            self.recorded.add(dtype, residue)
+            return x
+        kept = self.roundings.holds(dtype, residue)
+        if kept.all():
+            return x
+        return np.where(kept, x, self.oracle("round", dtype.value, x))
 
     def oracle(self, op, params, *args) -> np.ndarray:
         """An uninterpreted function: a keyed random function of (op, params, the arguments'
@@ -326,6 +390,6 @@ FF_ELEMENTWISE = {
     TOp.EQ: _eq,
     TOp.NE: lambda sem, a, b, arg: _not(sem, _eq(sem, a, b, None)),
     TOp.SELECT: _select,
-    TOp.CAST: lambda sem, x, arg: x,   # exact arithmetic has no rounding (the float test's job)
+    TOp.CAST: lambda sem, x, arg: sem.rounding(x, arg),   # the program's roundings, or new ones
 } | {op: _uninterpreted(op, k) for op, k in UNINTERPRETED.items()}
 

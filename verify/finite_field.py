@@ -134,8 +134,10 @@ class Draw:
     test: int
     attempt: int
 
-    def semantics(self, exponents: bool) -> FiniteFieldSemantics:
-        return FiniteFieldSemantics(self.field, self.key, exponents)
+    def semantics(self, exponents: bool, roundings=None) -> FiniteFieldSemantics:
+        """The test's semantics: the spec's run (recording its roundings), or with `roundings`
+        (the spec's) a candidate's run."""
+        return FiniteFieldSemantics(self.field, self.key, exponents, roundings)
 
 
 @functools.lru_cache(maxsize=256)
@@ -166,11 +168,19 @@ def _uniform(rng: np.random.Generator, m: int, shape) -> np.ndarray:
     return rng.integers(0, m, shape, np.uint64).view(np.int64)
 
 
-def evaluate(graph: KernelGraph, draw: Draw, inputs=None, exponents: bool = True) -> list:
-    """`graph`'s outputs for one draw (raises ZeroDivisorDrawn, or NeedsExponents)."""
+def evaluate(graph: KernelGraph, draw: Draw, inputs=None, exponents: bool = True,
+             roundings=None) -> list:
+    """`graph`'s outputs for one draw (raises ZeroDivisorDrawn, or NeedsExponents); with
+    `roundings` (the spec's, `spec_run`), as a candidate: its casts are the program's roundings
+    only where the spec rounds the same values."""
+    return _run_graph(graph, draw, inputs, exponents, roundings)[0]
+
+
+def _run_graph(graph, draw, inputs, exponents, roundings):
     inputs = draw_inputs(graph, draw, exponents) if inputs is None else inputs
+    sem = draw.semantics(exponents, roundings)
     with single_threaded_blas():
-        return interpret(graph, inputs, semantics=draw.semantics(exponents))
+        return interpret(graph, inputs, semantics=sem), sem.recorded
 
 
 @functools.lru_cache(maxsize=2)
@@ -180,17 +190,17 @@ def _inputs(spec: KernelGraph, seed: int, test: int, attempt: int, exponents: bo
 
 
 @functools.lru_cache(maxsize=32)
-def _spec_outputs(spec: KernelGraph, seed: int, test: int, attempt: int,
-                  exponents: bool) -> list:
+def spec_run(spec: KernelGraph, seed: int, test: int, attempt: int, exponents: bool) -> tuple:
+    """The spec's outputs for one draw and the roundings it makes (`Roundings`)."""
     # the search checks many candidates against one spec: its outputs are worth caching
-    return evaluate(spec, make_draw(seed, test, attempt),
-                    _inputs(spec, seed, test, attempt, exponents), exponents)
+    return _run_graph(spec, make_draw(seed, test, attempt),
+                      _inputs(spec, seed, test, attempt, exponents), exponents, None)
 
 
 def clear_caches() -> None:
     """Forget cached spec inputs and outputs (frees memory; benchmarks time first calls)."""
     _inputs.cache_clear()
-    _spec_outputs.cache_clear()
+    spec_run.cache_clear()
 
 
 # ---- the result ----------------------------------------------------------------------------------
@@ -304,10 +314,10 @@ class _Runner:
 
     def _outputs(self, test: int, attempt: int):
         try:
-            expected = _spec_outputs(self.spec, self.seed, test, attempt, self.exponents)
+            expected, roundings = spec_run(self.spec, self.seed, test, attempt, self.exponents)
             inputs = _inputs(self.spec, self.seed, test, attempt, self.exponents)
             return expected, evaluate(self.candidate, make_draw(self.seed, test, attempt),
-                                      inputs, self.exponents)
+                                      inputs, self.exponents, roundings)
         except NeedsExponents:  # an op the bound's pass did not see as an exp: rerun with images
             self.exponents = True
             return self._outputs(test, attempt)

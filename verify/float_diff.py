@@ -44,7 +44,7 @@ from mugraph.ir.ops import TOp
 from mugraph.ir.origin import jax_origin
 from mugraph.ir.semantics import NumpySemantics
 from mugraph.verify.field import single_threaded_blas
-from mugraph.verify.magnitude import MAGNITUDE, magnitude_floor, rounded
+from mugraph.verify.magnitude import magnitude_floor, rounded, run as run_magnitudes
 from mugraph.verify.special_values import CASES, finfo, normal, special_inputs
 
 OWN_TOLERANCE = {DType.FLOAT32: 1e-4, DType.FLOAT16: 1e-2, DType.BFLOAT16: 1e-2}
@@ -374,10 +374,11 @@ def spec_magnitudes(spec: KernelGraph, inputs) -> tuple[list, list, list]:
     arrays = inputs.widened() if isinstance(inputs, CaseInputs) else \
         {k: np.asarray(v, np.float64) for k, v in dict(inputs).items()}
     with single_threaded_blas(), np.errstate(all="ignore"):
-        outs = interpret(spec, arrays, semantics=MAGNITUDE)
-    values = [np.ascontiguousarray(o["v"]) for o in outs]
-    return values, [magnitude_floor(v, o["m"]) for v, o in zip(values, outs)], \
-        [np.where(np.isfinite(o["r"]), o["r"], 0.0) for o in outs]
+        outs = run_magnitudes(spec, arrays)
+    values = [np.ascontiguousarray(o.v) for o in outs]
+    return values, [magnitude_floor(o.v, o.magnitude()) for o in outs], \
+        [None if o.r is None else np.where(np.isfinite(o.r), np.broadcast_to(o.r, o.shape), 0.0)
+         for o in outs]
 
 
 def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:

@@ -33,40 +33,100 @@ import numpy as np
 from scipy import special
 
 from mugraph.ir.dtypes import DType
-from mugraph.ir.ops import PREDICATES, TOp
+from mugraph.ir.graph import KernelGraph
+from mugraph.ir.interpret import KERNEL_EVAL, bind_inputs, run_block_graph
+from mugraph.ir.ops import PREDICATES, KOp, TOp
 
-FIELDS = np.dtype([("v", np.float64), ("m", np.float64), ("r", np.float64)])
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
-def pack(v, m, r) -> np.ndarray:
-    """One structured array of value, magnitude and rounding budget (broadcast together). A
-    non-finite value is compared exactly, so its M and R are 0: they must not turn a finite
-    neighbour's into 0 · inf (a matmul row reading one inf)."""
-    v, m, r = np.broadcast_arrays(np.asarray(v, np.float64), np.asarray(m, np.float64),
-                                  np.asarray(r, np.float64))
+class Triple:
+    """A value (float64) with its magnitude M and rounding budget R, each an array of the same
+    shape; M = None stands for |value| (a leaf: no copy of a large weight), R = None for 0 (no
+    cast upstream: a matmul then needs no budget products). NumPy's layout functions (reshape,
+    transpose, broadcast_to, concatenate, ...) and indexing apply to all three, so the
+    interpreter runs on triples unchanged."""
+
+    __slots__ = ("v", "m", "r")
+
+    def __init__(self, v, m=None, r=None):
+        self.v, self.m, self.r = v, m, r
+
+    @property
+    def shape(self) -> tuple:
+        return self.v.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.v.ndim
+
+    def magnitude(self) -> np.ndarray:
+        return _finite_abs(self.v) if self.m is None else self.m
+
+    def __getitem__(self, index) -> "Triple":
+        return self._each(lambda a: a[index])
+
+    def _each(self, fn) -> "Triple":
+        return Triple(fn(self.v), None if self.m is None else fn(self.m),
+                      None if self.r is None else fn(self.r))
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in (np.shape, np.ndim):
+            return func(self.v)
+        if func is np.concatenate:
+            return _concatenate(args[0], *args[1:], **kwargs)
+        if func in _LAYOUT:
+            return args[0]._each(lambda a: func(a, *args[1:], **kwargs))
+        return NotImplemented
+
+
+_LAYOUT = frozenset({np.reshape, np.transpose, np.broadcast_to, np.ascontiguousarray})
+
+
+def _concatenate(parts, *args, **kwargs) -> Triple:
+    parts = [p if isinstance(p, Triple) else Triple(np.asarray(p, np.float64)) for p in parts]
+    v = np.concatenate([p.v for p in parts], *args, **kwargs)
+    m = None if all(p.m is None for p in parts) else \
+        np.concatenate([p.magnitude() for p in parts], *args, **kwargs)
+    r = None if all(p.r is None for p in parts) else \
+        np.concatenate([_budget(p) for p in parts], *args, **kwargs)
+    return Triple(v, m, r)
+
+
+def _budget(x: Triple):
+    return np.zeros(x.shape) if x.r is None else np.broadcast_to(x.r, x.shape)
+
+
+def make(v, m, r) -> Triple:
+    """A triple from computed parts. A non-finite value is compared exactly, so its M and R are
+    0: they must not turn a finite neighbour's into 0 · inf (a matmul row reading one inf)."""
     finite = np.isfinite(v)
-    out = np.empty(v.shape, FIELDS)
-    out["v"], out["m"], out["r"] = v, np.where(finite, m, 0.0), np.where(finite, r, 0.0)
-    return out
-
-
-def parts(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    x = np.asarray(x)
-    return x["v"], x["m"], x["r"]
+    clean = finite.all()
+    m = m if clean else np.where(finite, m, 0.0)
+    if r is not None and not clean:
+        r = np.where(finite, r, 0.0)
+    return Triple(v, m, r)
 
 
 def _finite_abs(v) -> np.ndarray:
     """A leaf's magnitude: |v|, and 0 for ±inf and NaN, which carry no rounding error (a masked
     -inf score must not make its row's max unbounded)."""
-    return np.where(np.isfinite(v), np.abs(v), 0.0)
+    a = np.abs(v)
+    if a.size == 0 or np.isfinite(np.max(a)):   # the common case: one pass, no mask
+        return a
+    return np.nan_to_num(a, copy=False, nan=0.0, posinf=0.0)
 
 
 def _times(a, b) -> np.ndarray:
     """a · b with 0 · inf = 0: a zero slope carries no error, whatever the operand's."""
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         return np.where((a == 0) | (b == 0), 0.0, a * b)
+
+
+def _sum_budgets(*terms):
+    present = [t for t in terms if t is not None]
+    return sum(present[1:], present[0]) if present else None
 
 
 # ---- the slopes of the smooth functions ------------------------------------------------------------
@@ -116,98 +176,107 @@ def rounded(v: np.ndarray, dtype: DType) -> np.ndarray:
 
 # ---- the semantics ---------------------------------------------------------------------------------
 class MagnitudeSemantics:
-    """The interpreter's semantics for (value, M, R) triples, float64, casts honoured."""
+    """The interpreter's semantics for (value, M, R) `Triple`s, float64, casts honoured."""
 
     name = "magnitude"
     float64 = True
 
-    def input(self, array, dtype: DType) -> np.ndarray:
-        v = np.asarray(array, np.float64)
-        return pack(v, _finite_abs(v), 0.0)
+    def input(self, array, dtype: DType) -> Triple:
+        return Triple(np.asarray(array, np.float64))
 
-    def constant(self, value: float, shape, dtype: DType) -> np.ndarray:
-        return pack(np.full(shape, value), _finite_abs(np.float64(value)), 0.0)
+    def constant(self, value: float, shape, dtype: DType) -> Triple:
+        return Triple(np.full(shape, value, np.float64))
 
-    def cast(self, x, dtype: DType) -> np.ndarray:
-        return np.asarray(x)        # storage in float64: the explicit CAST op rounds
+    def cast(self, x, dtype: DType):
+        return x        # storage in float64: the explicit CAST op rounds
 
-    def zeros(self, shape) -> np.ndarray:
-        return pack(np.zeros(shape), 0.0, 0.0)
+    def zeros(self, shape) -> Triple:
+        return Triple(np.zeros(shape))
 
-    def empty(self, shape, dtype: DType) -> np.ndarray:
+    def empty(self, shape, dtype: DType) -> Triple:
         return self.zeros(shape)
 
-    def max_identity(self, shape) -> np.ndarray:
-        return pack(np.full(shape, -np.inf), 0.0, 0.0)
+    def max_identity(self, shape) -> Triple:
+        return Triple(np.full(shape, -np.inf))
 
-    def elementwise(self, op: TOp, args, arg, dtype: DType) -> np.ndarray:
+    def elementwise(self, op: TOp, args, arg, dtype: DType) -> Triple:
+        args = [a if isinstance(a, Triple) else Triple(np.asarray(a, np.float64)) for a in args]
         with np.errstate(all="ignore"):
             rule = _RULES.get(op)
             if rule is not None:
-                return rule(arg, *map(parts, args))
+                return rule(arg, *args)
             if op in SLOPES:
-                return _smooth(op, *parts(args[0]))
+                return _smooth(op, args[0])
             if op in LIPSCHITZ_ONE:
-                return _lipschitz(op, arg, *parts(args[0]))
+                return _lipschitz(op, arg, args[0])
             if op in PREDICATES:
                 return _predicate(op, args)
         raise NotImplementedError(f"no magnitude rule for {op}")   # tests walk every TOp
 
-    def matmul(self, a, b, dtype: DType, operand_dtype=None) -> np.ndarray:
-        (va, ma, ra), (vb, mb, rb) = parts(a), parts(b)
+    def matmul(self, a: Triple, b: Triple, dtype: DType, operand_dtype=None) -> Triple:
         with np.errstate(all="ignore"):
-            budget = np.matmul(_finite_abs(va), rb) + np.matmul(ra, _finite_abs(vb)) \
-                + np.matmul(ra, rb)
-            return pack(np.matmul(va, vb), np.matmul(ma, mb), budget)
+            v = np.matmul(a.v, b.v)
+            m = np.matmul(a.magnitude(), b.magnitude())
+            r = None
+            if a.r is not None or b.r is not None:
+                r = _sum_budgets(None if b.r is None else np.matmul(_finite_abs(a.v), b.r),
+                                 None if a.r is None else np.matmul(a.r, _finite_abs(b.v)),
+                                 None if a.r is None or b.r is None else np.matmul(a.r, b.r))
+            return make(v, m, r)
 
-    def reduce_sum(self, x, dim: int, dtype: DType) -> np.ndarray:
+    def reduce_sum(self, x: Triple, dim: int, dtype: DType) -> Triple:
         with np.errstate(all="ignore"):
-            return pack(*(np.sum(p, axis=dim, keepdims=True) for p in parts(x)))
+            total = lambda a: np.sum(a, axis=dim, keepdims=True)
+            return make(total(x.v), total(x.magnitude()), None if x.r is None else total(x.r))
 
-    def reduce_max(self, x, dim: int, dtype: DType) -> np.ndarray:
-        v, m, r = parts(x)
+    def reduce_max(self, x: Triple, dim: int, dtype: DType) -> Triple:
         with np.errstate(all="ignore"):
-            return pack(np.max(v, axis=dim, keepdims=True), np.max(m, axis=dim, keepdims=True),
-                        np.max(r, axis=dim, keepdims=True))
+            top = lambda a: np.max(a, axis=dim, keepdims=True)
+            return make(top(x.v), top(x.magnitude()), None if x.r is None else top(x.r))
 
 
-def _smooth(op: TOp, v, m, r) -> np.ndarray:
+def _scaled(slope, r):
+    return None if r is None else _times(slope, r)
+
+
+def _smooth(op: TOp, x: Triple) -> Triple:
     from mugraph.ir.semantics import NUMPY_ELEMENTWISE
-    value = NUMPY_ELEMENTWISE[op](v, None)
-    slope = np.abs(SLOPES[op](v))
-    return pack(value, np.abs(value) + _times(slope, m), _times(slope, r))
+    value = NUMPY_ELEMENTWISE[op](x.v, None)
+    slope = np.abs(SLOPES[op](x.v))
+    return make(value, np.abs(value) + _times(slope, x.magnitude()), _scaled(slope, x.r))
 
 
-def _lipschitz(op: TOp, arg, v, m, r) -> np.ndarray:
+def _lipschitz(op: TOp, arg, x: Triple) -> Triple:
     from mugraph.ir.semantics import NUMPY_ELEMENTWISE
-    return pack(NUMPY_ELEMENTWISE[op](v, arg), m, r)
+    return make(NUMPY_ELEMENTWISE[op](x.v, arg), x.magnitude(), x.r)
 
 
-def _predicate(op: TOp, args) -> np.ndarray:
+def _predicate(op: TOp, args) -> Triple:
     from mugraph.ir.semantics import NUMPY_ELEMENTWISE
-    value = NUMPY_ELEMENTWISE[op](*(parts(a)[0] for a in args), None)
-    return pack(value, np.abs(value), 0.0)
+    return Triple(NUMPY_ELEMENTWISE[op](*(a.v for a in args), None))
 
 
 def _add(arg, a, b):
-    return pack(a[0] + b[0], a[1] + b[1], a[2] + b[2])
+    return make(a.v + b.v, a.magnitude() + b.magnitude(), _sum_budgets(a.r, b.r))
 
 
 def _sub(arg, a, b):
-    return pack(a[0] - b[0], a[1] + b[1], a[2] + b[2])
+    return make(a.v - b.v, a.magnitude() + b.magnitude(), _sum_budgets(a.r, b.r))
 
 
 def _mul(arg, a, b):
-    (va, ma, ra), (vb, mb, rb) = a, b
-    budget = _times(np.abs(va), rb) + _times(ra, np.abs(vb)) + _times(ra, rb)
-    return pack(va * vb, _times(ma, mb), budget)
+    r = None
+    if a.r is not None or b.r is not None:
+        r = _sum_budgets(_scaled(_finite_abs(a.v), b.r), _scaled(_finite_abs(b.v), a.r),
+                         None if a.r is None or b.r is None else a.r * b.r)
+    return make(a.v * b.v, _times(a.magnitude(), b.magnitude()), r)
 
 
 def _div(arg, a, b):
-    (va, ma, ra), (vb, mb, rb) = a, b
-    inv = 1.0 / np.abs(vb)
-    over = _times(np.abs(va), inv * inv)
-    return pack(va / vb, _times(ma, inv) + _times(over, mb), _times(ra, inv) + _times(over, rb))
+    inv = 1.0 / np.abs(b.v)
+    over = _times(_finite_abs(a.v), inv * inv)
+    m = _times(a.magnitude(), inv) + _times(over, b.magnitude())
+    return make(a.v / b.v, m, _sum_budgets(_scaled(inv, a.r), _scaled(over, b.r)))
 
 
 def _square(arg, x):
@@ -215,31 +284,31 @@ def _square(arg, x):
 
 
 def _pow(arg, x, y):
-    (vx, mx, rx), (vy, my, ry) = x, y
-    value = np.power(vx, vy)
-    dx = np.abs(vy * np.power(vx, vy - 1.0))
-    dy = np.abs(value * np.log(np.abs(vx)))
-    return pack(value, np.abs(value) + _times(dx, mx) + _times(dy, my),
-                _times(dx, rx) + _times(dy, ry))
+    value = np.power(x.v, y.v)
+    dx = np.abs(y.v * np.power(x.v, y.v - 1.0))
+    dy = np.abs(value * np.log(np.abs(x.v)))
+    m = np.abs(value) + _times(dx, x.magnitude()) + _times(dy, y.magnitude())
+    return make(value, m, _sum_budgets(_scaled(dx, x.r), _scaled(dy, y.r)))
 
 
 def _extreme(pick):
     def rule(arg, a, b):
-        return pack(pick(a[0], b[0]), np.maximum(a[1], b[1]), np.maximum(a[2], b[2]))
+        r = None if a.r is None and b.r is None else np.maximum(_budget(a), _budget(b))
+        return make(pick(a.v, b.v), np.maximum(a.magnitude(), b.magnitude()), r)
     return rule
 
 
 def _leaky_relu(arg, x, slope):
-    (vx, mx, rx), (vs, ms, rs) = x, slope
-    gain = np.maximum(1.0, np.abs(vs))
-    value = np.where(vx >= 0, vx, vs * vx)
-    return pack(value, _times(gain, mx) + _times(np.abs(vx), ms),
-                _times(gain, rx) + _times(np.abs(vx), rs))
+    gain = np.maximum(1.0, np.abs(slope.v))
+    value = np.where(x.v >= 0, x.v, slope.v * x.v)
+    m = _times(gain, x.magnitude()) + _times(np.abs(x.v), slope.magnitude())
+    return make(value, m, _sum_budgets(_scaled(gain, x.r), _scaled(np.abs(x.v), slope.r)))
 
 
 def _select(arg, c, a, b):
-    take = c[0] != 0
-    return pack(*(np.where(take, pa, pb) for pa, pb in zip(a, b)))
+    take = c.v != 0
+    r = None if a.r is None and b.r is None else np.where(take, _budget(a), _budget(b))
+    return make(np.where(take, a.v, b.v), np.where(take, a.magnitude(), b.magnitude()), r)
 
 
 def _cast(dtype: DType, x):
@@ -248,11 +317,11 @@ def _cast(dtype: DType, x):
     the widest dtype, so its operand holds fp16, bf16 or fp32 values already (here they are
     float64 values of 16-bit nodes, never rounded to their range: rounding them to fp32 would
     invent an overflow the program cannot have)."""
-    v, m, r = x
     if not dtype.is_16bit:
-        return pack(v, m, r)
-    value = rounded(v, dtype)
-    return pack(value, m, r + np.where(value == v, 0.0, rounding_error(v, dtype)))
+        return x
+    value = rounded(x.v, dtype)
+    error = np.where(value == x.v, 0.0, rounding_error(x.v, dtype))
+    return make(value, x.magnitude(), _sum_budgets(x.r, error))
 
 
 _RULES = {
@@ -261,6 +330,32 @@ _RULES = {
     TOp.LEAKY_RELU: _leaky_relu, TOp.SELECT: _select, TOp.CAST: _cast,
 }
 MAGNITUDE = MagnitudeSemantics()
+
+
+def run(graph: KernelGraph, arrays) -> list[Triple]:
+    """`graph`'s outputs as triples: the interpreter's kernel loop on MAGNITUDE. Its layout rules
+    end in np.ascontiguousarray, which NumPy does not dispatch to `__array_function__` (it wraps
+    the triple in a one-element object array): each value is unwrapped here."""
+    values = {n: MAGNITUDE.input(a, n.dtype) for n, a in zip(graph.inputs, bind_inputs(graph, arrays))}
+    blocks: dict = {}
+    for node in graph.nodes:
+        if node in values:
+            continue
+        srcs = [values[s] for s in node.srcs]
+        if node.op is KOp.CUSTOM:
+            key = (node.arg[0], node.srcs)
+            if key not in blocks:
+                blocks[key] = [_unwrap(o) for o in run_block_graph(MAGNITUDE, node.arg[0], srcs)]
+            values[node] = blocks[key][node.arg[1]]
+        else:
+            values[node] = _unwrap(KERNEL_EVAL[node.op](MAGNITUDE, node, srcs))
+    return [values[o] for o in graph.outputs]
+
+
+def _unwrap(value) -> Triple:
+    if isinstance(value, np.ndarray) and value.dtype == object and value.size == 1:
+        value = value.reshape(-1)[0]
+    return value if isinstance(value, Triple) else Triple(np.asarray(value, np.float64))
 
 
 def magnitude_floor(v: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -240,8 +240,9 @@ def hashed_input(draw, node, sets, exponents: bool) -> np.ndarray:
     return join(residues, uniform_below(mix64(h ^ np.uint64(0x5851F42D4C957F2D)), draw.field.q))
 
 
-def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponents: bool) -> dict:
-    sem = draw.semantics(exponents)
+def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponents: bool,
+                     sem=None) -> dict:
+    sem = sem or draw.semantics(exponents)
     values: dict = {}
     done_groups: dict = {}
     with single_threaded_blas():
@@ -249,7 +250,8 @@ def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponen
             if node not in have:
                 continue
             if node.op is KOp.INPUT:
-                values[node] = hashed_input(draw, node, have[node], exponents)
+                values[node] = sem.input(hashed_input(draw, node, have[node], exponents),
+                                         node.dtype)
             elif node.op is KOp.CUSTOM:
                 values[node] = _run_group(sem, node, have, groups, values, done_groups)
             else:
@@ -329,10 +331,11 @@ def _compare(spec, candidate, sample_blocks, draw, exponents):
     rng = np.random.default_rng(np.random.SeedSequence(draw.seed,
                                                        spawn_key=(draw.test, draw.attempt, 3)))
     sets = [sample_sets(o.shape, sample_blocks, rng) for o in spec.outputs]
-    outputs = []
-    for graph in (spec, candidate):
+    outputs, spec_sem = [], draw.semantics(exponents)
+    for graph in (spec, candidate):   # the candidate's casts read the spec's roundings
+        sem = spec_sem if graph is spec else draw.semantics(exponents, spec_sem.recorded)
         have, groups = plan(graph, sets)
-        values = evaluate_sampled(graph, have, groups, draw, exponents)
+        values = evaluate_sampled(graph, have, groups, draw, exponents, sem)
         outputs.append([restrict(values[o], have[o], s, o.shape)
                         for o, s in zip(graph.outputs, sets)])
     n = sum(math.prod(_shape(o, s)) for o, s in zip(spec.outputs, sets))

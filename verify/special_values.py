@@ -36,7 +36,7 @@ from mugraph.ir.ops import KERNEL_LAYOUT, KOp, TOp
 
 CASES = ("random", "zeros", "nan", "inf", "mask", "large", "denormal", "underflow")
 MASK_SHARE = 0.25
-ZERO_SHARE = 0.125
+ZERO_DRAW = 16           # one in ZERO_DRAW elements is set to -0, one to +0
 SPECIALS_PER_INPUT = 2
 
 
@@ -153,29 +153,26 @@ def _zeros(base, graph, rng) -> tuple[dict, str]:
         a = base[node.arg[0]].copy()
         flat = a.reshape(-1)
         flat[0], flat[-1] = 0.0, -0.0
-        chosen = rng.random(a.shape, dtype=np.float32) < ZERO_SHARE
-        negative = rng.random(a.shape, dtype=np.float32) < 0.5
-        a[chosen & ~negative], a[chosen & negative] = 0.0, -0.0
+        draw = rng.integers(0, ZERO_DRAW, a.shape, dtype=np.uint8)   # 0: -0, 1: +0
+        a[draw == 0], a[draw == 1] = -0.0, 0.0
         if a.ndim >= 2:
             a[..., int(rng.integers(a.shape[-2])), :] = 0.0
             a[..., int(rng.integers(a.shape[-1]))] = -0.0
         out[node.arg[0]] = a
-    return out, (f"+0 and -0 at the first and last position and {ZERO_SHARE:.1%} of the others, "
-                 "a +0 row and a -0 column of every input")
+    return out, (f"+0 and -0 at the first and last position and {2 / ZERO_DRAW:.1%} of the "
+                 "others, a +0 row and a -0 column of every input")
 
 
 def _underflow(graph, rng) -> tuple[dict, str]:
     out = {}
     for node in graph.inputs:
         low = float(np.log2(finfo(node.dtype).smallest_subnormal))
-        levels = np.exp2(low * (1.0 - _MIDPOINTS))
-        if node.dtype.is_16bit:
-            a = tabled(rng, node.shape, node.dtype, levels)
+        if node.dtype.is_16bit:   # half the table negative: sign and magnitude in one draw
+            half = np.exp2(low * (1.0 - _MIDPOINTS[::2]))
+            out[node.arg[0]] = tabled(rng, node.shape, node.dtype, np.concatenate([-half, half]))
         else:
-            a = np.exp2(low * rng.random(node.shape)).astype(node.dtype.numpy)
-        negative = rng.random(node.shape, dtype=np.float32) < 0.5
-        a[negative] = -a[negative]
-        out[node.arg[0]] = a
+            sign = np.where(rng.random(node.shape, dtype=np.float32) < 0.5, -1.0, 1.0)
+            out[node.arg[0]] = (sign * np.exp2(low * rng.random(node.shape))).astype(node.dtype.numpy)
     return out, "magnitudes 2^U, U uniform from the smallest subnormal to 1, random signs"
 
 
