@@ -23,7 +23,9 @@ from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, R
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
 from mugraph.search.leaves import index_inputs, restore
-from mugraph.search.result import Candidate, SearchReport, SearchResult, SpecItself
+from mugraph.search.result import Candidate, Rejections, SearchReport, SearchResult, SpecItself
+
+REDUCED, REAL = "the reduced shapes", "the real shapes"   # where a rejection happened
 from mugraph.search.rules import canonicalize
 from mugraph.search.simplify import op_count, simplify
 from mugraph.search.split import split_structures
@@ -170,6 +172,7 @@ class _Ranking:
         self.simplified = 0            # structures the simplifier made smaller (re-verified)
         self.split = 0                 # split-K / split-KV structures derived and verified
         self.crashes: list = []        # verifier errors on candidates (each one rejected)
+        self.rejections = Rejections()  # why candidates failed the test, by reason
         self.deadline = float("inf")   # when sizing must stop (the enumeration's deadline)
 
     def _fits(self, graph) -> bool:
@@ -308,16 +311,19 @@ _NEXT_DEPTH = None
 def _verify_found(problem, found, seen, counters, ranking) -> None:
     """The finite-field test at the reduced shapes for every new structure; the verified ones
     are simplified (kept only if the simpler graph passes the test too) and ranked."""
-    from mugraph.verify import quick_equivalent
+    from mugraph.verify import quick_rejection
     config = problem.config
 
     def passes(graph) -> bool:
         try:
-            return quick_equivalent(problem.reduced, graph, tests=config.verify_tests,
-                                    seed=config.seed)
+            why = quick_rejection(problem.reduced, graph, tests=config.verify_tests,
+                                  seed=config.seed)
         except Exception as e:       # a verifier crash rejects the candidate, and is reported
             ranking.crashes.append(f"{type(e).__name__}: {e}"[:300])
             return False
+        if why is not None:
+            ranking.rejections.add(REDUCED, *why)
+        return why is None
 
     for graph in found:
         if graph in seen:
@@ -395,7 +401,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
     if stop is StopReason.INTERRUPTED:   # stopping: the best so far, unchecked at the real shapes
         outcome = _Checked(ranked, None, None)
     else:
-        outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds)
+        outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds,
+                                ranking.rejections)
     best = outcome.ranked[0]
     counters.pruned[Reject.MEMORY.value] = ranking.misfits
     found = ranking.first_found.get(best.graph, (None, None))
@@ -410,7 +417,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         best_found_seconds=found[0], best_found_states=found[1],
         final_check=_final_check_text(outcome),
         unchecked=outcome.unchecked, simplified=ranking.simplified, split=ranking.split,
-        verifier_errors=tuple(ranking.crashes), resumed=resumed)
+        verifier_errors=tuple(ranking.crashes), resumed=resumed,
+        rejections=ranking.rejections.rows())
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
 
@@ -429,12 +437,14 @@ class _Checked:
     unchecked: int = 0
 
 
-def _check_ranked(spec, ranked, config, deadline) -> _Checked:
+def _check_ranked(spec, ranked, config, deadline, rejections=None) -> _Checked:
     """Check candidates at the real shapes, best first, until one passes; the spec itself needs
     no check and ends the walk. Once the deadline has passed, the rest are not checked (counted
-    as unchecked) and the spec wins: the budget bounds the whole call."""
+    as unchecked) and the spec wins: the budget bounds the whole call. Each rejection's reason
+    goes to `rejections`."""
     from mugraph.search.final_check import plan
-    from mugraph.verify import check, quick_equivalent
+    from mugraph.verify import check, quick_rejection, rejection
+    rejections = Rejections() if rejections is None else rejections
     kept, rejected, unchecked = [], 0, 0
     verification, sampled = None, None
     for cand in ranked:
@@ -449,14 +459,14 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
             pair = plan(spec, cand.graph)
             # a cheap exact test first: a structure that fails at the real shapes is not worth
             # the full check (several float and finite-field runs)
-            report = None
-            if quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
-                report = check(pair.spec, pair.candidate, seed=config.seed)
+            why = quick_rejection(pair.spec, pair.candidate, seed=config.seed)
+            report = check(pair.spec, pair.candidate, seed=config.seed) if why is None else None
             if report is not None and report.equivalent:
                 verification, sampled = report, pair.sampled
                 kept.append(cand)
             else:
                 rejected += 1
+                rejections.add(REAL, *(why or rejection(report)))
     return _Checked(kept, verification, sampled, rejected, unchecked)
 
 

@@ -296,9 +296,41 @@ def quick_equivalent(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 
 
     A draw that hits a zero divisor is redrawn; a candidate that cannot be tested is rejected.
     """
-    if interface_mismatch(spec, candidate) is not None:
-        return False
+    return quick_rejection(spec, candidate, tests=tests, seed=seed) is None
+
+
+def quick_rejection(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 1,
+                    seed: int = 0) -> tuple[str, str] | None:
+    """`quick_equivalent`'s answer with its reason: None when the candidate passes, else
+    (kind, detail): why it failed, and where (`Rejection` kinds)."""
+    mismatch = interface_mismatch(spec, candidate)
+    if mismatch is not None:
+        return "interfaces differ", mismatch
     try:
-        return finite_field_test(spec, candidate, tests=tests, seed=seed).passed
-    except VerificationError:
-        return False
+        result = finite_field_test(spec, candidate, tests=tests, seed=seed)
+    except VerificationError as e:
+        return "finite field could not run", str(e)
+    return None if result.passed else ("finite field: outputs differ", result.failure)
+
+
+def rejection(report: VerificationReport) -> tuple[str, str]:
+    """Why `check` did not say EQUIVALENT, as (kind, detail): the first method that failed, or
+    was not established, with its worst element; counted by kind in the search's report."""
+    for method in report.methods:
+        if method.status == "failed":
+            return f"{method.name} failed", _failed_detail(report, method)
+    for method in report.methods:
+        if method.status == "not established":
+            return f"{method.name} not established", method.why
+    return f"{report.verdict.lower()}", report.reason or report.verdict_line()
+
+
+def _failed_detail(report: VerificationReport, method: MethodResult) -> str:
+    """The failing float case's worst element (its mode's detail), else the method's line."""
+    fl = report.float
+    mode = {"float64": "float64", "own precision": "own"}.get(method.name)
+    if fl is None or method.name not in ("float64", "own precision", "special values"):
+        return method.why
+    failed = [m for m in fl.modes if not m.passed and (mode is None or m.mode == mode)
+              and (method.name != "special values" or m.case != "random")]
+    return f"{failed[0].case} case: {failed[0].detail()}" if failed else method.why

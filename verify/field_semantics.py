@@ -27,35 +27,46 @@ class NeedsExponents(Exception):
 
 
 class Roundings:
-    """What the spec's run rounds to each 16-bit dtype: the residues of its casts' operands, and
-    its inputs of that dtype (whose values a cast to it keeps). Recorded by the spec's run, read
-    by the candidate's: a candidate's rounding of a value the program rounds the same way (or
-    holds in that dtype already) is the program's own, and kept exact; any other is a new
-    rounding (`FiniteFieldSemantics.rounding`)."""
+    """Which values the spec's program holds in each 16-bit dtype: the operands of its casts to
+    it, its inputs of it, and the value of every node it stores in it (an fp16 node's value is
+    rounded to fp16 by the program, cast or not). Recorded by the spec's run, read by the
+    candidate's: a candidate's rounding of such a value to that dtype is the program's own, and
+    kept exact; any other is a new rounding (`FiniteFieldSemantics.rounding`). Stored values are
+    kept up to STORED_LIMIT elements per run (a cast of a value past it counts as new: a false
+    rejection at most)."""
+
+    STORED_LIMIT = 1 << 22
 
     def __init__(self):
-        self._cast: dict = {}       # dtype -> [residue arrays], then one sorted array
-        self._inputs: dict = {}
+        self._tables: dict = {}     # (kind, dtype) -> [residue arrays], then one sorted array
+        self._stored = 0
 
-    def add(self, dtype, residues, *, input_: bool = False) -> None:
-        table = self._inputs if input_ else self._cast
-        table.setdefault(dtype, []).append(np.asarray(residues, np.int64).reshape(-1))
+    def add(self, dtype, residues, kind: str = "cast") -> None:
+        residues = np.asarray(residues, np.int64).reshape(-1)
+        if kind == "stored":
+            if self._stored + residues.size > self.STORED_LIMIT:
+                return
+            self._stored += residues.size
+            residues = residues.copy()      # the run may reuse its buffers
+        self._tables.setdefault((kind, dtype), []).append(residues)
 
     def holds(self, dtype, residues) -> np.ndarray:
-        """Which of `residues` the program rounds to `dtype` (or holds in it)."""
+        """Which of `residues` the program holds in `dtype` (a cast's operand first: the other
+        tables are sorted only when needed)."""
         residues = np.asarray(residues, np.int64)
-        found = _member(self._sorted(self._cast, dtype), residues)
-        if not found.all():   # inputs only when needed: a large weight is costly to sort
-            found |= _member(self._sorted(self._inputs, dtype), residues)
+        found = np.zeros(residues.shape, bool)
+        for kind in ("cast", "input", "stored"):
+            found |= _member(self._sorted((kind, dtype)), residues)
+            if found.all():
+                break
         return found
 
-    @staticmethod
-    def _sorted(table, dtype) -> np.ndarray:
-        parts = table.get(dtype)
+    def _sorted(self, key) -> np.ndarray:
+        parts = self._tables.get(key)
         if parts is None:
             return np.zeros(0, np.int64)
         if isinstance(parts, list):
-            parts = table[dtype] = np.unique(np.concatenate(parts))
+            parts = self._tables[key] = np.unique(np.concatenate(parts))
         return parts
 
 
@@ -86,12 +97,19 @@ class FiniteFieldSemantics:
 
     # -- the interpreter's interface: leaves, storage, structure --------------------------------
     def cast(self, x, dtype) -> np.ndarray:
-        return self._value(x)   # storing to a node's dtype: exact (its rounding is the float test's)
+        # storing to a node's dtype: exact (its rounding is the float test's)
+        return self._stored(self._value(x), dtype)
 
     def input(self, array, dtype) -> np.ndarray:
         value = self._value(array)
         if self.recorded is not None and dtype is not None and dtype.is_16bit:
-            self.recorded.add(dtype, self.residue(value), input_=True)
+            self.recorded.add(dtype, self.residue(value), "input")
+        return value
+
+    def _stored(self, value, dtype):
+        """The spec's run records what it stores in a 16-bit dtype (`Roundings`)."""
+        if self.recorded is not None and dtype is not None and dtype.is_16bit:
+            self.recorded.add(dtype, self.residue(value), "stored")
         return value
 
     def _value(self, x) -> np.ndarray:
@@ -111,9 +129,13 @@ class FiniteFieldSemantics:
         return np.full(shape, self.lattice_identity("max"), VALUE if self.exponents else np.int64)
 
     def elementwise(self, op: TOp, args, arg, dtype) -> np.ndarray:
-        return FF_ELEMENTWISE[op](self, *args, arg)
+        value = FF_ELEMENTWISE[op](self, *args, arg)
+        return value if op is TOp.CAST else self._stored(value, dtype)
 
     def matmul(self, a, b, dtype, operand_dtype=None) -> np.ndarray:
+        return self._stored(self._matmul(a, b), dtype)
+
+    def _matmul(self, a, b) -> np.ndarray:
         if not self.exponents:
             return exact_matmul(a, b, self.field.p)
         rp = exact_matmul(p_part(a), p_part(b), self.field.p)
@@ -125,6 +147,9 @@ class FiniteFieldSemantics:
         return join(rp, rq, np.broadcast_to(bottom, rp.shape))
 
     def reduce_sum(self, x, dim: int, dtype) -> np.ndarray:
+        return self._stored(self._reduce_sum(x, dim), dtype)
+
+    def _reduce_sum(self, x, dim: int) -> np.ndarray:
         if not self.exponents:
             return sum_mod(x, dim, self.field.p)
         rp = sum_mod(p_part(x), dim, self.field.p)
@@ -137,7 +162,7 @@ class FiniteFieldSemantics:
     def reduce_max(self, x, dim: int, dtype) -> np.ndarray:
         perm = self.permutation("max")
         digest = sum_mod(perm(self.residue(x)), dim, self.field.p)
-        return self.lattice_value("max", perm.inverse(digest))
+        return self._stored(self.lattice_value("max", perm.inverse(digest)), dtype)
 
     # -- primitives the op table is written in ---------------------------------------------------
     def residue(self, v) -> np.ndarray:
@@ -215,14 +240,14 @@ class FiniteFieldSemantics:
     def rounding(self, x, dtype) -> np.ndarray:
         """A CAST to `dtype`. To fp32 (the widest dtype) nothing is rounded: x. To a 16-bit dtype
         in the spec's run: x, recorded (the program's own roundings are what a candidate may
-        skip or repeat). In a candidate's run: x where the spec rounds the same value to the same
-        dtype (or holds it in that dtype), else an uninterpreted function of x: a rounding the
-        program does not make changes the value, so `cast(e·2^-18, f16)·2^18` never equals e."""
+        skip or repeat). In a candidate's run: x where the program holds the same value in that
+        dtype (`Roundings`), else an uninterpreted function of x: a rounding the program does
+        not make changes the value, so `cast(e·2^-18, f16)·2^18` never equals e."""
         if not dtype.is_16bit:
             return x
         residue = self.residue(x)
         if self.roundings is None:
-            self.recorded.add(dtype, residue)
+            self.recorded.add(dtype, residue, "cast")
             return x
         kept = self.roundings.holds(dtype, residue)
         if kept.all():

@@ -5,8 +5,9 @@ the spec's casts as the identity: a kernel may skip a rounding the program makes
 keeps in fp32 the row sum the program stores in fp16) and is the more precise for it. A
 candidate's cast is the identity too where it is *the program's rounding*:
 
-    rounding-the-program-makes: cast(v, d) = v when the spec casts a value of v's normal form to
-    the same 16-bit dtype d, or v is an input of dtype d (a cast to it keeps every value).
+    rounding-the-program-makes: cast(v, d) = v when the spec holds a value of v's normal form in
+    the same 16-bit dtype d: it casts it to d, or stores it in a tensor of dtype d (an input, or
+    any node: an fp16 node's value is rounded to fp16 by the program, cast or not).
 
 Any other cast is a rounding the program does not make; the formal check reads it as an
 uninterpreted function (so `cast(e·2^-18, f16)·2^18` is never proved equal to e), and the
@@ -72,11 +73,11 @@ def _rounds(node) -> bool:
 
 
 def program_roundings(spec: KernelGraph) -> frozenset:
-    """{(normal form, dtype)}: the values the spec rounds to a 16-bit dtype, and its 16-bit inputs
-    (a cast to an input's own dtype keeps it)."""
+    """{(normal form, dtype)}: the values the spec holds in a 16-bit dtype: its casts' operands,
+    and every kernel tensor of that dtype (an input, or a value it stores rounded)."""
     made = {(form, node.arg) for node, form in casts(spec) if form is not None}
     exprs = expressions(spec)
-    held = {(N.normalize(exprs[n]), n.dtype) for n in spec.inputs if n.dtype.is_16bit}
+    held = {(N.normalize(exprs[n]), n.dtype) for n in spec.nodes if n.dtype.is_16bit}
     return frozenset(made | held)
 
 
