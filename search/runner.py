@@ -25,7 +25,9 @@ from mugraph.search.labels import Label, analyze
 from mugraph.search.leaves import index_inputs, restore
 from mugraph.search.result import Candidate, Rejections, SearchReport, SearchResult, SpecItself
 
-REDUCED, REAL = "the reduced shapes", "the real shapes"   # where a rejection happened
+# where a rejection happened (a simplified form that fails is dropped, the graph as found kept)
+REDUCED, REAL = "the reduced shapes", "the real shapes"
+SIMPLIFIED = "the reduced shapes, as a simplified form (the structure as found was kept)"
 from mugraph.search.rules import canonicalize
 from mugraph.search.simplify import op_count, simplify
 from mugraph.search.split import split_structures
@@ -314,7 +316,7 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
     from mugraph.verify import quick_rejection
     config = problem.config
 
-    def passes(graph) -> bool:
+    def passes(graph, where=REDUCED) -> bool:
         try:
             why = quick_rejection(problem.reduced, graph, tests=config.verify_tests,
                                   seed=config.seed)
@@ -322,7 +324,7 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
             ranking.crashes.append(f"{type(e).__name__}: {e}"[:300])
             return False
         if why is not None:
-            ranking.rejections.add(REDUCED, *why)
+            ranking.rejections.add(where, *why)
         return why is None
 
     for graph in found:
@@ -335,7 +337,7 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
             continue
         counters.verified += 1
         simpler, fired = simplify(graph)
-        if fired and simpler not in seen and passes(simpler) \
+        if fired and simpler not in seen and passes(simpler, SIMPLIFIED) \
                 and _ieee_alike(problem, simpler, ranking.crashes):
             seen.add(simpler)
             ranking.simplified += 1
