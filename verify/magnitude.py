@@ -321,7 +321,7 @@ def _cast(dtype: DType, x):
         return x
     value = rounded(x.v, dtype)
     error = np.where(value == x.v, 0.0, rounding_error(x.v, dtype))
-    return make(value, x.magnitude(), _sum_budgets(x.r, error))
+    return make(value, np.maximum(x.magnitude(), _finite_abs(value)), _sum_budgets(x.r, error))
 
 
 _RULES = {
