@@ -25,6 +25,11 @@ bound):
   function of the multiset reduced, so max(x, y) and x differ (the old keyed order selected an
   operand: relu(x) passed for x half the time). RELU = max(x, 0), CLAMP = min(max(x, lo), hi).
   A max's image is a keyed function of its residue (exp(s − max(s)) keeps its law).
+* CAST to fp32 is exact (fp32 is the widest dtype). CAST to a 16-bit dtype is the program's own
+  rounding where the spec holds the same value in that dtype (a cast of it, an input, a stored
+  16-bit tensor; recorded by the spec's run, `field_semantics.Roundings`): exact, as the spec's
+  own casts are (a kernel may skip them). Elsewhere it is a rounding the program does not make:
+  an uninterpreted function ("round", dtype) of its operand, so cast(e·2^-18, f16)·2^18 ≠ e.
 * every other op — sqrt, log, silu, gelu, sigmoid, tanh, erf, a non-integer pow, and any op in
   `field_semantics.UNINTERPRETED` — is an uninterpreted function: a keyed random function of
   (op, params, the operands' residues) with a fresh residue and image. RSQRT = 1/SQRT and
@@ -76,8 +81,9 @@ The printed bound is Π ε_t. It rests on three assumptions it does not price:
      6e11 primes per test, so a coefficient of H bits is divisible by it with probability
      <= H / (50 · 6e11) (constants equal to a fixed prime could not fool the test).
 Invisible by design (the float test's job): anything equal in exact arithmetic but not in
-floating point — overflow, cancellation, rounding, IEEE special values. A constant folded in
-floating point (x·(1/3) vs x/3) is a false rejection.
+floating point — overflow, cancellation, the rounding of ordinary ops and storage, IEEE special
+values (explicit casts are modelled, above). A constant folded in floating point (x·(1/3) vs
+x/3) is a false rejection.
 
 Registering an op
 -----------------

@@ -1,8 +1,9 @@
 """Float differential testing: the candidate against the spec on random inputs and on IEEE special values.
 
 Each case is one set of inputs, run in two modes:
-* float64: the candidate in float64 against the spec in float64 (any difference beyond rounding is
-  a bug: tolerance 1e-9); NaN and ±inf must sit exactly where the spec has them;
+* float64: the candidate in float64 against the spec in float64, both rounding at their casts to
+  a 16-bit dtype and nowhere else (any difference beyond that is a bug: tolerance 1e-9); NaN and
+  ±inf must sit exactly where the spec has them;
 * own: the candidate in its own dtypes (fp32 arithmetic and accumulation, 16-bit storage, as the
   generated kernels do; 1e-4 for fp32 outputs, 1e-2 for fp16/bf16), held to the float64 spec's
   values, beside the program as its dtypes compute it: `jax.jit(fn)` on the same inputs when the
@@ -13,18 +14,23 @@ Each case is one set of inputs, run in two modes:
   and within tolerance of the float64 spec, the candidate must be too; where it ran out of range
   or precision (an overflow that ended finite, as x / inf = 0), no kernel is held to its answer:
   those elements are not compared, and counted.
-The error of an output is max|candidate − expected| / max|expected| over the compared finite
-elements (in own precision at least the output dtype's smallest normal, below which 16-bit
-results have no relative precision). In the `large` case, a range test, elements where the
-reference (the float64 spec, or the own-dtype run) overflowed are not compared either: a kernel
-that keeps them finite is not wrong; wherever the program's own run is right, a kernel that
-loses range is. A spec lifted from JAX has jax.jit's dtypes (its casts are CAST ops), so a
-candidate is held to everything jax.jit(fn) holds: one that rounds or reduces in a narrower
-dtype than the program (an fp16 row sum past 65504) fails.
+Errors are per element (`element_errors`): |candidate − expected|, less twice the rounding the
+program's own casts allow there (a kernel may skip a rounding the program makes), relative to
+the magnitude of the terms that produced the element (`verify.magnitude`: sums add magnitudes,
+products multiply them, a function adds its slope times its operand's), capped at the output's
+largest value and at least the output dtype's smallest normal in own precision (below it,
+16-bit results have no relative precision). So an element small among large ones is held to its
+own size, while a sum that cancels is held to its terms. Each mode counts the elements it
+compared; a case that compared none established nothing and is reported as not run. In the
+`large` case, a range test, elements where the reference (the float64 spec, or the own-dtype run)
+overflowed are not compared either: a kernel that keeps them finite is not wrong; wherever the
+program's own run is right, a kernel that loses range is. A spec lifted from JAX has jax.jit's
+dtypes (its casts are CAST ops), so a candidate is held to everything jax.jit(fn) holds: one
+that rounds or reduces in a narrower dtype than the program (an fp16 row sum past 65504) fails.
 
 Cases (`CASES`): random inputs, N(0, 1) · scale with the scale halved until the reference is
-finite, then the special-value cases of `special_values` (NaN, ±inf, softmax masks, large values,
-denormals), each placed where it means something for the program at hand.
+finite, then the special-value cases of `special_values` (exact zeros, NaN, ±inf, softmax masks,
+large values, denormals, underflow), each placed where it means something for the program.
 """
 from __future__ import annotations
 
