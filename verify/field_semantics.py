@@ -94,6 +94,7 @@ class FiniteFieldSemantics:
         # the spec's run records its roundings; a candidate's run reads the spec's
         self.recorded = Roundings() if roundings is None else None
         self.roundings = roundings
+        self.new_roundings_made = 0   # elements a candidate's casts rounded as the program does not
 
     # -- the interpreter's interface: leaves, storage, structure --------------------------------
     def cast(self, x, dtype) -> np.ndarray:
@@ -252,6 +253,7 @@ class FiniteFieldSemantics:
         kept = self.roundings.holds(dtype, residue)
         if kept.all():
             return x
+        self.new_roundings_made += int(kept.size - np.count_nonzero(kept))
         return np.where(kept, x, self.oracle("round", dtype.value, x))
 
     def oracle(self, op, params, *args) -> np.ndarray:

@@ -183,10 +183,11 @@ def evaluate(graph: KernelGraph, draw: Draw, inputs=None, exponents: bool = True
 
 
 def _run_graph(graph, draw, inputs, exponents, roundings):
+    """(outputs, the semantics that ran them: its record, or the new roundings it made)."""
     inputs = draw_inputs(graph, draw, exponents) if inputs is None else inputs
     sem = draw.semantics(exponents, roundings)
     with single_threaded_blas():
-        return interpret(graph, inputs, semantics=sem), sem.recorded
+        return interpret(graph, inputs, semantics=sem), sem
 
 
 @functools.lru_cache(maxsize=2)
@@ -199,8 +200,9 @@ def _inputs(spec: KernelGraph, seed: int, test: int, attempt: int, exponents: bo
 def spec_run(spec: KernelGraph, seed: int, test: int, attempt: int, exponents: bool) -> tuple:
     """The spec's outputs for one draw and the roundings it makes (`Roundings`)."""
     # the search checks many candidates against one spec: its outputs are worth caching
-    return _run_graph(spec, make_draw(seed, test, attempt),
-                      _inputs(spec, seed, test, attempt, exponents), exponents, None)
+    outputs, sem = _run_graph(spec, make_draw(seed, test, attempt),
+                              _inputs(spec, seed, test, attempt, exponents), exponents, None)
+    return outputs, sem.recorded
 
 
 def clear_caches() -> None:
@@ -268,10 +270,20 @@ def finite_field_test(spec: KernelGraph, candidate: KernelGraph, *, tests: int |
         from mugraph.verify.sampling import sampled_test
         return sampled_test(spec, candidate, sample_blocks, tests=tests, seed=seed, target=target,
                             max_tests=max_tests, max_redraws=max_redraws)
-    bound = pair_bound(spec, candidate)
+    bound = pair_bound(spec, candidate, trust_forms=True)
     count = tests if tests is not None else default_count(bound, target, max_tests)
     runner = _Runner(spec, candidate, seed, bound.exponents, max_redraws)
     for test in range(count):
+        failure = runner.run(test)
+        if failure is not None:
+            return runner.result(False, bound, target, start, failure)
+        if runner.new_roundings and bound != (full := pair_bound(spec, candidate)):
+            # a cast the bound took for the program's own (by normal form) rounded a value the
+            # program does not hold: count every cast, and run as many tests as that needs
+            bound = full
+            if tests is None:
+                count = max(count, default_count(bound, target, max_tests))
+    for test in range(len(runner.primes), count):
         failure = runner.run(test)
         if failure is not None:
             return runner.result(False, bound, target, start, failure)
@@ -302,6 +314,7 @@ class _Runner:
         self.exponents, self.max_redraws = exponents, max_redraws
         self.primes: list = []
         self.redraws = 0
+        self.new_roundings = 0      # elements the candidate's casts rounded as the program does not
 
     def run(self, test: int) -> str | None:
         for attempt in range(self.max_redraws + 1):
@@ -322,8 +335,10 @@ class _Runner:
         try:
             expected, roundings = spec_run(self.spec, self.seed, test, attempt, self.exponents)
             inputs = _inputs(self.spec, self.seed, test, attempt, self.exponents)
-            return expected, evaluate(self.candidate, make_draw(self.seed, test, attempt),
-                                      inputs, self.exponents, roundings)
+            got, sem = _run_graph(self.candidate, make_draw(self.seed, test, attempt), inputs,
+                                  self.exponents, roundings)
+            self.new_roundings += sem.new_roundings_made
+            return expected, got
         except NeedsExponents:  # an op the bound's pass did not see as an exp: rerun with images
             self.exponents = True
             return self._outputs(test, attempt)

@@ -84,3 +84,15 @@ def test_a_block_level_rounding_before_an_mma_is_the_programs_own():
     spec, reference = w.spec(), w.reference()
     assert not new_roundings(spec, reference)
     assert finite_field_test(spec, reference, seed=0).passed
+
+
+def _rounding_pools(bound) -> set:
+    return {pool for pool, _, _ in bound.collisions if isinstance(pool, tuple) and pool[0] == "round"}
+
+
+def test_the_bound_counts_new_roundings_of_the_candidate_and_never_the_specs_casts():
+    spec, same, other, _ = _graphs()
+    assert not _rounding_pools(pair_bound(spec, spec))                      # the spec's own
+    assert not _rounding_pools(pair_bound(spec, same, trust_forms=True))    # held by form
+    assert _rounding_pools(pair_bound(spec, other, trust_forms=True))       # a new rounding
+    assert _rounding_pools(pair_bound(spec, same))      # not trusting forms, every cast counts
