@@ -593,13 +593,15 @@ class PairBound:
 def pair_bound(spec: KernelGraph, candidate: KernelGraph, *, trust_forms: bool = False) -> PairBound:
     """The bound's ingredients for one pair. The spec's casts never make a new rounding (its run
     records them). The candidate's do where the program does not hold the value: every cast
-    counts as an application, or with `trust_forms` only those whose operand's normal form the
-    spec does not hold (`abstract.casts.new_roundings`); a caller that trusts forms must check
-    that the run made no other new rounding (`FiniteFieldSemantics.new_roundings_made`)."""
-    exact = frozenset()
+    counts as an application but the spec's own cast nodes (the same node, the same values), or
+    with `trust_forms` only those whose operand's normal form the spec does not hold
+    (`abstract.casts.new_roundings`); a caller that trusts forms must check that the run made no
+    other new rounding (`FiniteFieldSemantics.new_roundings_made`)."""
+    from mugraph.verify.abstract.casts import casts, new_roundings
+    own = frozenset(n for n, _ in casts(candidate))
+    exact = own & frozenset(n for n, _ in casts(spec))     # the spec's own cast nodes
     if trust_forms:
-        from mugraph.verify.abstract.casts import casts, new_roundings
-        exact = frozenset(n for n, _ in casts(candidate)) - new_roundings(spec, candidate)
+        exact |= own - new_roundings(spec, candidate)
     s, c = analyze(spec, ALL), analyze(candidate, exact)
     degree, pools = 1, {}
     for ts, tc, cs, cc in zip(s.outputs, c.outputs, s.cones, c.cones):
