@@ -302,7 +302,7 @@ def quick_equivalent(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 
 def quick_rejection(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 1,
                     seed: int = 0) -> tuple[str, str] | None:
     """`quick_equivalent`'s answer with its reason: None when the candidate passes, else
-    (kind, detail): why it failed, and where (`Rejection` kinds)."""
+    (kind, detail): why it failed (counted by kind in the search report), and where."""
     mismatch = interface_mismatch(spec, candidate)
     if mismatch is not None:
         return "interfaces differ", mismatch

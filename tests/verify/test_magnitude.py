@@ -82,6 +82,8 @@ def test_element_errors_hold_small_elements_to_their_size_and_never_loosen_the_b
     assert element_errors(expected, expected * 1.02, magnitude=big_m)[0] == pytest.approx(0.02)
     # the program's own rounding (the budget) is not counted against a candidate that skips it
     assert element_errors([1.0], [1.001], magnitude=[1.0], budget=[0.0005])[0] == 0.0
+    # without magnitudes: the whole output's yardstick
+    assert element_errors(expected, got)[1] == pytest.approx(1e-5)
 
 
 def test_a_matmul_of_cancelling_terms_passes_at_fp16_while_a_lost_small_element_does_not():
