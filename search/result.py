@@ -46,14 +46,12 @@ class SearchReport:
     resumed: str = ""                         # where a resumed search took up (checkpoint)
     resized: str = ""                         # a winner re-sized from another shape's search
     rejections: tuple = ()         # Rejections.rows(): (where, why, count, an example)
-    pruned_by_expressions: bool = False       # abstract-expression pruning cut some subtree
 
     def stop_meaning(self) -> str:
         """What the stop reason says about the space. Exhausted with subtrees cut by the
         abstract-expression test (which is not complete: it may cut a valid program) visited
         what the pruning rules admit, not the whole space."""
-        if self.stop_reason == "exhausted" and (self.pruned_by_expressions
-                                                or self.pruned.get("expression", 0)):
+        if self.stop_reason == "exhausted" and self.pruned.get("expression", 0):
             return ("the enumeration ran to its end at the config's limits, visiting what the "
                     "pruning rules admit: the abstract-expression test (not complete) cut "
                     f"{self.pruned.get('expression', 0)} subtrees, so the whole space was not "
