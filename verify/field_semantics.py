@@ -35,7 +35,7 @@ class Roundings:
     kept up to STORED_LIMIT elements per run (a cast of a value past it counts as new: a false
     rejection at most)."""
 
-    STORED_LIMIT = 1 << 22
+    STORED_LIMIT = 1 << 20          # 8 MB of residues per run (the spec's runs are cached)
 
     def __init__(self):
         self._tables: dict = {}     # (kind, dtype) -> [residue arrays], then one sorted array
@@ -65,8 +65,8 @@ class Roundings:
         parts = self._tables.get(key)
         if parts is None:
             return np.zeros(0, np.int64)
-        if isinstance(parts, list):
-            parts = self._tables[key] = np.unique(np.concatenate(parts))
+        if isinstance(parts, list):   # sorted with repeats: searchsorted needs no more
+            parts = self._tables[key] = np.sort(np.concatenate(parts))
         return parts
 
 

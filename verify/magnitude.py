@@ -119,9 +119,13 @@ def _finite_abs(v) -> np.ndarray:
 
 
 def _times(a, b) -> np.ndarray:
-    """a · b with 0 · inf = 0: a zero slope carries no error, whatever the operand's."""
+    """a · b with 0 · inf = 0: a zero slope carries no error, whatever the operand's (a NaN
+    product can only be that here: magnitudes and slopes of NaN values are not used)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.where((a == 0) | (b == 0), 0.0, a * b)
+        product = np.multiply(a, b)
+    if np.ndim(product) == 0:
+        return 0.0 if np.isnan(product) else product
+    return np.nan_to_num(product, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
 
 
 def _sum_budgets(*terms):
@@ -214,15 +218,23 @@ class MagnitudeSemantics:
         raise NotImplementedError(f"no magnitude rule for {op}")   # tests walk every TOp
 
     def matmul(self, a: Triple, b: Triple, dtype: DType, operand_dtype=None) -> Triple:
+        # plain |x| (no finite mask): a non-finite term makes the value non-finite too, and
+        # `make` zeroes M and R there
         with np.errstate(all="ignore"):
-            v = np.matmul(a.v, b.v)
-            m = np.matmul(a.magnitude(), b.magnitude())
+            abs_a, abs_b = np.abs(a.v), np.abs(b.v)
+            ma = abs_a if a.m is None else a.m
+            mb = abs_b if b.m is None else b.m
+            if a.r is not None and b.r is None and b.m is None:   # M and R both read |B|:
+                rows = ma.shape[-2]                                  # one pass over it
+                stacked = np.concatenate([ma, np.broadcast_to(a.r, ma.shape)], axis=-2)
+                both = np.matmul(stacked, abs_b)
+                return make(np.matmul(a.v, b.v), both[..., :rows, :], both[..., rows:, :])
             r = None
             if a.r is not None or b.r is not None:
-                r = _sum_budgets(None if b.r is None else np.matmul(_finite_abs(a.v), b.r),
-                                 None if a.r is None else np.matmul(a.r, _finite_abs(b.v)),
+                r = _sum_budgets(None if b.r is None else np.matmul(abs_a, b.r),
+                                 None if a.r is None else np.matmul(a.r, abs_b),
                                  None if a.r is None or b.r is None else np.matmul(a.r, b.r))
-            return make(v, m, r)
+            return make(np.matmul(a.v, b.v), np.matmul(ma, mb), r)
 
     def reduce_sum(self, x: Triple, dim: int, dtype: DType) -> Triple:
         with np.errstate(all="ignore"):
