@@ -75,10 +75,11 @@ def float_lines(fl) -> list[str]:
         lines.append(f"  {label:14}: {sum(m.seconds for m in ran):7.2f}s  {state}{against} "
                      f"over {len(ran)} cases")
     cases = [c for c in fl.cases if c.case != "random"]
-    tried = ", ".join(c.case for c in cases if not c.skipped) or "none"
-    skipped = "; ".join(f"{c.case}: {c.skipped}" for c in cases if c.skipped)
-    lines.append(f"  {'special values':14}: tried {tried}" + (f" (skipped {skipped})" if skipped
-                                                                 else ""))
+    tried = ", ".join(f"{c.case} ({min(m.compared for m in c.modes)} compared)"
+                      for c in cases if c.ran) or "none"
+    not_run = "; ".join(f"{c.case}: {c.not_run}" for c in cases if c.not_run)
+    lines.append(f"  {'special values':14}: ran {tried}" + (f" (not run: {not_run})" if not_run
+                                                              else ""))
     return lines
 
 

@@ -37,9 +37,15 @@ def special_value(name: str, dtype, large: float | None = None) -> float:
 
 def _base(rng, shape, dtype, regime: str, scale: float, large: float | None) -> np.ndarray:
     """The finite background: N(0, 1)·scale; near the dtype's limit (positive, large·(0.75..1.25)
-    as the float test's `large` case, default max/2); or N(0, 1) scaled into the subnormals."""
+    as the float test's `large` case, default max/2); N(0, 1) scaled into the subnormals; or
+    "tiny": magnitudes 2^U, U uniform from the smallest subnormal to 1, random signs (as the
+    float test's `underflow` case: a scaling by 2^-k underflows some of them)."""
     info = np.finfo(dtype)
-    if regime == "large":
+    if regime == "tiny":
+        low = float(np.log2(info.smallest_subnormal))
+        signs = np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+        values = signs * np.exp2(low * rng.random(shape))
+    elif regime == "large":
         top = float(info.max) / 2 if large is None else large
         values = top * (0.75 + 0.5 * rng.random(shape))
         values = np.minimum(values, float(info.max))
@@ -54,12 +60,15 @@ def _base(rng, shape, dtype, regime: str, scale: float, large: float | None) -> 
 def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
                 large: float | None = None, specials: bool = True, masked_rows: bool = True,
                 mask_dim: int | None = None, regimes=REGIMES, subnormals: bool = True,
-                values=SPECIAL_VALUES) -> st.SearchStrategy:
+                values=SPECIAL_VALUES, zeros: bool = True) -> st.SearchStrategy:
     """Arrays of `shape` and `dtype`: a seeded finite background in a drawn regime (normal, near
     the dtype's limit, subnormal), up to MAX_SPECIALS special values (SPECIAL_VALUES) at drawn
     positions and, for rank >= 2, maybe one masked row (-inf along `mask_dim`, the dim a softmax
-    reduces; drawn when None). Built from Hypothesis primitives, so a failing example shrinks
-    toward seed 0, the normal regime, no masked row, fewer specials at the first positions.
+    reduces; drawn when None). With `zeros`, maybe exact zeros too (+0 at a drawn position and,
+    for rank >= 2, a whole +0 row), and maybe the "tiny" background instead (`_base`: values
+    over every scale down to the smallest subnormal). Built from Hypothesis primitives, so a
+    failing example shrinks toward seed 0, the normal regime, no masked row, no zeros, fewer
+    specials at the first positions.
 
     `large`: the magnitude of the "large" regime (default max/2; `kernel_inputs` sizes it per
     input as the float test does); ±max values are at most twice it. `subnormals=False` leaves out the subnormal regime and value;
@@ -77,13 +86,36 @@ def ieee_arrays(shape: Sequence[int], dtype="float32", *, scale: float = 1.0,
         dims = st.just(mask_dim % len(shape)) if mask_dim is not None else \
             st.integers(0, len(shape) - 1)
         mask = st.none() | st.tuples(dims, st.tuples(*(st.integers(0, n - 1) for n in shape)))
-    parts = st.tuples(st.integers(0, 2**16 - 1), st.sampled_from(regimes), overlay, mask)
+    extra = _zeros_and_tiny(shape, size, subnormals and "subnormal" in regimes) if zeros and size \
+        else st.just((None, False))
+    parts = st.tuples(st.integers(0, 2**16 - 1), st.sampled_from(regimes), overlay, mask, extra)
     return parts.map(lambda p: _array(shape, dtype, scale, large, *p))
 
 
-def _array(shape, dtype, scale, large, seed, regime, overlay, mask) -> np.ndarray:
-    a = _base(np.random.default_rng(seed), shape, dtype, regime, scale, large)
+def _zeros_and_tiny(shape, size: int, tiny: bool) -> st.SearchStrategy:
+    """(zeros, tiny): None or (a position for +0, None or (dim, a row) of +0); and whether the
+    background is "tiny". Drawn after the other parts, so adding them kept every older draw."""
+    row = st.none()
+    if len(shape) >= 2:
+        row = row | st.tuples(st.integers(0, len(shape) - 1),
+                              st.tuples(*(st.integers(0, n - 1) for n in shape)))
+    zeros = st.none() | st.tuples(st.integers(0, size - 1), row)
+    return st.tuples(zeros, st.booleans() if tiny else st.just(False))
+
+
+def _array(shape, dtype, scale, large, seed, regime, overlay, mask,
+           extra=(None, False)) -> np.ndarray:
+    zeros, tiny = extra
+    a = _base(np.random.default_rng(seed), shape, dtype, "tiny" if tiny else regime, scale, large)
     flat = a.reshape(-1)
+    if zeros is not None:
+        position, row = zeros
+        flat[position] = 0.0
+        if row is not None:
+            dim, where = row
+            where = list(where)
+            where[dim] = slice(None)
+            a[tuple(where)] = 0.0
     for index, name in overlay:
         flat[index] = special_value(name, dtype, large)
     if mask is not None:
@@ -494,7 +526,8 @@ def _at(index) -> str:
 # ---- describing an input ---------------------------------------------------------------------------
 def describe(arrays, names=None) -> str:
     """One line per input array: shape and dtype, its largest finite magnitude, subnormals,
-    masked rows (-inf along a whole dim) and where its other NaN and ±inf values are."""
+    masked rows (-inf along a whole dim), zero rows, and where its other NaN and ±inf values
+    are."""
     names = names or [f"#{k}" for k in range(len(arrays))]
     return "\n".join(f"    {name}: {_describe_one(np.asarray(a))}" for name, a in zip(names, arrays))
 
@@ -515,6 +548,9 @@ def _describe_one(a) -> str:
         for p in np.argwhere(rows[(...,)])[:SHOWN]:
             parts.append("masked row " + _row(p, dim) + " = -inf")
         masked |= np.broadcast_to(rows, x.shape)
+        zeros = np.all(x == 0, axis=dim, keepdims=True)
+        for p in np.argwhere(zeros[(...,)])[:SHOWN]:
+            parts.append("zero row " + _row(p, dim) + " = 0")
     for label, where in (("NaN", np.isnan(x)), ("+inf", np.isposinf(x)),
                          ("-inf", np.isneginf(x) & ~masked)):
         spots = np.argwhere(where)

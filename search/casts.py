@@ -1,7 +1,11 @@
 """Where the spec rounds: the enumerators offer a CAST only of a value the spec casts, to its dtype.
 
 A cast's abstract expression is its operand's (real arithmetic has no rounding), so the expression
-test cannot place casts; the spec's own casts say where the program rounds. `spec_casts` lists them
+test cannot place casts; the spec's own casts say where the program rounds. The law this relies
+on — rounding a value the program rounds, to the dtype it rounds it to, is the program's own
+rounding — is the verifier's (`verify/abstract/casts.py`): the finite-field test keeps such a cast
+exact and makes any other an uninterpreted function (by value), the formal check likewise (by
+normal form), so a candidate whose cast is not the program's is rejected, not trusted. `spec_casts` lists them
 as (normal form of the cast operand, target dtype) pairs: a kernel-level candidate may round the
 same value the same way (an fp32 copy of fp16 values before a sum). Block values are fp32 registers
 already, so a block cast matters where a 16-bit MMA reads it: `operand_casts` are the casts the

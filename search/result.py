@@ -46,6 +46,18 @@ class SearchReport:
     resumed: str = ""                         # where a resumed search took up (checkpoint)
     resized: str = ""                         # a winner re-sized from another shape's search
     unchecked_why: str = ""        # no time was left, or the check did not fit the memory limit
+    rejections: tuple = ()         # Rejections.rows(): (where, why, count, an example)
+
+    def stop_meaning(self) -> str:
+        """What the stop reason says about the space. Exhausted with subtrees cut by the
+        abstract-expression test (which is not complete: it may cut a valid program) visited
+        what the pruning rules admit, not the whole space."""
+        if self.stop_reason == "exhausted" and self.pruned.get("expression", 0):
+            return ("the enumeration ran to its end at the config's limits, visiting what the "
+                    "pruning rules admit: the abstract-expression test (not complete) cut "
+                    f"{self.pruned.get('expression', 0)} subtrees, so the whole space was not "
+                    "visited")
+        return _STOP_MEANING.get(self.stop_reason, "")
 
     def __str__(self) -> str:
         pruned = ", ".join(f"{k} {v}" for k, v in self.pruned.items() if v)
@@ -55,7 +67,7 @@ class SearchReport:
         lines = [
             f"stop reason: {self.stop_reason} after {self.search_seconds:.1f} s of search "
             f"({self.wall_seconds:.1f} s in all, with the check at the real shapes){found}",
-            f"{_STOP_MEANING.get(self.stop_reason, '')}",
+            self.stop_meaning(),
             f"states visited: {self.states} ({self.block_graphs} block graphs closed)",
             f"pruned: {pruned or 'none'}",
             f"structures: {self.structures_found} found, {self.verified} verified, "
@@ -70,6 +82,7 @@ class SearchReport:
             lines.append(f"split: {self.split} split-K/split-KV structures derived and verified")
         if self.final_check:
             lines.append(f"check at the real shapes: {self.final_check}")
+        lines.extend(_rejection_lines(self.rejections))
         if self.verifier_errors:
             lines.append(f"rejected because the verifier could not run them: "
                          f"{len(self.verifier_errors)} (first: {self.verifier_errors[0]})")
@@ -81,6 +94,38 @@ class SearchReport:
         if self.resized:
             lines.append(self.resized)
         return "\n".join(line for line in lines if line)
+
+
+def _rejection_lines(rows) -> list[str]:
+    """Why structures were rejected: per place (reduced or real shapes), counts by reason, each
+    with an example (the first failing method and element)."""
+    lines, places = [], {}
+    for where, why, count, example in rows:
+        places.setdefault(where, []).append((why, count, example))
+    for where, reasons in places.items():
+        total = sum(count for _, count, _ in reasons)
+        lines.append(f"rejected at {where}: {total}, by reason:")
+        lines.extend(f"  {count} {why}; e.g. {example}" for why, count, example in reasons)
+    return lines
+
+
+@dataclass
+class Rejections:
+    """Why candidates were rejected: counts by (where, reason) and the first example of each."""
+
+    counts: dict = field(default_factory=dict)
+    examples: dict = field(default_factory=dict)
+
+    EXAMPLE_CHARS = 400
+
+    def add(self, where: str, why: str, example: str) -> None:
+        key = (where, why)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.examples.setdefault(key, example[:self.EXAMPLE_CHARS])
+
+    def rows(self) -> tuple:
+        return tuple((where, why, n, self.examples[(where, why)])
+                     for (where, why), n in self.counts.items())
 
 
 _STOP_MEANING = {

@@ -24,7 +24,11 @@ from mugraph.search.context import (Budget, BudgetExhausted, Counters, OpSets, R
 from mugraph.search.instantiate import reduced_extents, reinstantiate_spec
 from mugraph.search.labels import Label, analyze
 from mugraph.search.leaves import index_inputs, restore
-from mugraph.search.result import Candidate, SearchReport, SearchResult, SpecItself
+from mugraph.search.result import Candidate, Rejections, SearchReport, SearchResult, SpecItself
+
+# where a rejection happened (a simplified form that fails is dropped, the graph as found kept)
+REDUCED, REAL = "the reduced shapes", "the real shapes"
+SIMPLIFIED = "the reduced shapes, as a simplified form (the structure as found was kept)"
 from mugraph.search.rules import canonicalize
 from mugraph.search.simplify import op_count, simplify
 from mugraph.search.split import split_structures
@@ -181,6 +185,7 @@ class _Ranking:
         self.simplified = 0            # structures the simplifier made smaller (re-verified)
         self.split = 0                 # split-K / split-KV structures derived and verified
         self.crashes: list = []        # verifier errors on candidates (each one rejected)
+        self.rejections = Rejections()  # why candidates failed the test, by reason
         self.deadline = float("inf")   # when sizing must stop (the enumeration's deadline)
 
     def _fits(self, graph) -> bool:
@@ -319,16 +324,19 @@ _NEXT_DEPTH = None
 def _verify_found(problem, found, seen, counters, ranking) -> None:
     """The finite-field test at the reduced shapes for every new structure; the verified ones
     are simplified (kept only if the simpler graph passes the test too) and ranked."""
-    from mugraph.verify import quick_equivalent
+    from mugraph.verify import quick_rejection
     config = problem.config
 
-    def passes(graph) -> bool:
+    def passes(graph, where=REDUCED) -> bool:
         try:
-            return quick_equivalent(problem.reduced, graph, tests=config.verify_tests,
-                                    seed=config.seed)
+            why = quick_rejection(problem.reduced, graph, tests=config.verify_tests,
+                                  seed=config.seed)
         except Exception as e:       # a verifier crash rejects the candidate, and is reported
             ranking.crashes.append(f"{type(e).__name__}: {e}"[:300])
             return False
+        if why is not None:
+            ranking.rejections.add(where, *why)
+        return why is None
 
     for graph in found:
         if graph in seen:
@@ -340,7 +348,7 @@ def _verify_found(problem, found, seen, counters, ranking) -> None:
             continue
         counters.verified += 1
         simpler, fired = simplify(graph)
-        if fired and simpler not in seen and passes(simpler) \
+        if fired and simpler not in seen and passes(simpler, SIMPLIFIED) \
                 and _ieee_alike(problem, simpler, ranking.crashes):
             seen.add(simpler)
             ranking.simplified += 1
@@ -406,7 +414,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
     if stop is StopReason.INTERRUPTED:   # stopping: the best so far, unchecked at the real shapes
         outcome = _Checked(ranked, None, None)
     else:
-        outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds)
+        outcome = _check_ranked(spec, ranked, config, started + config.budget_seconds,
+                                ranking.rejections)
     best = outcome.ranked[0]
     counters.pruned[Reject.MEMORY.value] = ranking.misfits
     found = ranking.first_found.get(best.graph, (None, None))
@@ -422,7 +431,8 @@ def _finish(spec, canonical, reduced, ranking, counters, stop, fired, config, st
         final_check=_final_check_text(outcome),
         unchecked=outcome.unchecked, unchecked_why=outcome.unchecked_why,
         simplified=ranking.simplified, split=ranking.split,
-        verifier_errors=tuple(ranking.crashes), resumed=resumed)
+        verifier_errors=tuple(ranking.crashes), resumed=resumed,
+        rejections=ranking.rejections.rows())
     return SearchResult(best.graph, tuple(outcome.ranked), report, spec)
 
 
@@ -442,12 +452,15 @@ class _Checked:
     unchecked_why: str = ""
 
 
-def _check_ranked(spec, ranked, config, deadline) -> _Checked:
+def _check_ranked(spec, ranked, config, deadline, rejections=None) -> _Checked:
     """Check candidates at the real shapes, best first, until one passes; the spec itself needs
     no check and ends the walk. Once the deadline has passed, the rest are not checked (counted
     as unchecked) and the spec wins: the budget bounds the whole call. So is a candidate whose
-    check does not fit the memory limit (`ir.memory`), with the reason kept for the report."""
+    check does not fit the memory limit (`ir.memory`), with the reason kept for the report. Each
+    rejection's reason goes to `rejections`."""
     from mugraph.ir.errors import ResourceError
+    from mugraph.verify import rejection
+    rejections = Rejections() if rejections is None else rejections
     kept, rejected, unchecked, why = [], 0, 0, []
     verification, sampled = None, None
     for cand in ranked:
@@ -461,7 +474,7 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
             why.append("the budget ran out")
         else:
             try:
-                report, pair = _check_one(spec, cand.graph, config)
+                report, pair, failed = _check_one(spec, cand.graph, config)
             except ResourceError as e:
                 unchecked += 1
                 why.append(e.message)
@@ -471,19 +484,22 @@ def _check_ranked(spec, ranked, config, deadline) -> _Checked:
                 kept.append(cand)
             else:
                 rejected += 1
+                rejections.add(REAL, *(failed or rejection(report)))
     return _Checked(kept, verification, sampled, rejected, unchecked, "; ".join(dict.fromkeys(why)))
 
 
 def _check_one(spec, graph, config):
-    """(the check's report or None, the CheckPlan) of one candidate at the real shapes."""
+    """(the check's report or None, the CheckPlan, the quick test's reason or None) of one
+    candidate at the real shapes."""
     from mugraph.search.final_check import plan
-    from mugraph.verify import check, quick_equivalent
+    from mugraph.verify import check, quick_rejection
     pair = plan(spec, graph)
     # a cheap exact test first: a structure that fails at the real shapes is not worth the full
     # check (several float and finite-field runs)
-    if not quick_equivalent(pair.spec, pair.candidate, seed=config.seed):
-        return None, pair
-    return check(pair.spec, pair.candidate, seed=config.seed), pair
+    failed = quick_rejection(pair.spec, pair.candidate, seed=config.seed)
+    if failed is not None:
+        return None, pair, failed
+    return check(pair.spec, pair.candidate, seed=config.seed), pair, None
 
 
 def describe(graph: KernelGraph) -> str:

@@ -27,6 +27,10 @@ KINDS = {
     "a masked row": lambda a: np.isneginf(a).all(axis=1).any(),
     "a value near the limit": lambda a: np.max(np.abs(a[np.isfinite(a)]), initial=0) > 1e4,
     "a subnormal": lambda a: ((a != 0) & (np.abs(a) < np.finfo(np.float16).smallest_normal)).any(),
+    "an exact +0": lambda a: ((a == 0) & ~np.signbit(a)).any(),
+    "a zero row": lambda a: (a == 0).all(axis=1).any(),
+    "tiny values over many scales": lambda a: np.ptp(np.log2(np.abs(a[np.isfinite(a) & (a != 0)]))
+                                                     ) > 12 if np.isfinite(a).sum() > 1 else False,
 }
 
 

@@ -181,7 +181,8 @@ def _ff_method(ff: FiniteFieldResult | None, error: str | None) -> MethodResult:
 
 def _float_methods(fl: FloatResult) -> tuple:
     """float64 and own precision on random inputs; the special-value cases where the float test
-    has them."""
+    has them. A case counts only where it compared something; the others are named with why
+    they did not run (not applicable, stopped by an earlier failure, or nothing compared)."""
     cases = getattr(fl, "cases", None)
     random_modes = [m for m in fl.modes if getattr(m, "case", "random") == "random"]
     lines = tuple(_mode_method(label, [m for m in random_modes if m.mode == mode], fl)
@@ -189,16 +190,31 @@ def _float_methods(fl: FloatResult) -> tuple:
     if cases is None:
         return lines + (MethodResult("special values", "skipped",
                                      "this float test has no special-value cases"),)
-    special = [c for c in cases if c.case != "random"]
+    return lines + (_special_method([c for c in cases if c.case != "random"]),)
+
+
+def _special_method(special: list) -> MethodResult:
     ran = [c for c in special if not c.skipped]
-    failed = [c.case for c in ran if not c.passed]
-    if not ran:
-        return lines + (MethodResult("special values", "skipped", "no case applies"),)
-    names = ", ".join(c.case for c in ran)
+    counted = [c for c in ran if c.ran or not c.passed]
+    failed = [c.case for c in counted if not c.passed]
+    reasons: dict = {}
+    for c in special:
+        if c.not_run and c not in counted:
+            reasons.setdefault(c.not_run, []).append(c.case)
+    not_run = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
+    names = ", ".join(f"{c.case} ({_compared(c)})" for c in counted)
+    tail = f"; not run: {not_run}" if not_run else ""
     if failed:
-        return lines + (MethodResult("special values", "failed",
-                                     f"{', '.join(failed)} of {names}"),)
-    return lines + (MethodResult("special values", "passed", names),)
+        return MethodResult("special values", "failed", f"{', '.join(failed)} of {names}{tail}")
+    if not counted:
+        return MethodResult("special values", "not run", not_run or "no case applies")
+    return MethodResult("special values", "passed", names + tail)
+
+
+def _compared(case) -> str:
+    compared = min(m.compared for m in case.modes)
+    total = max(m.compared + m.skipped for m in case.modes)
+    return f"{compared} of {total} compared"
 
 
 def _mode_method(label: str, modes: list, fl: FloatResult) -> MethodResult:
@@ -210,7 +226,11 @@ def _mode_method(label: str, modes: list, fl: FloatResult) -> MethodResult:
         return MethodResult(label, "passed" if worst.passed else "failed", "no outputs")
     w = worst.worst
     tolerance = worst.tolerances[w.output]
-    detail = w.message or f"relative error {w.error:.2g}, tolerance {tolerance:g}{against}"
+    counted = f"; {worst.counted()}" if hasattr(worst, "counted") else ""
+    detail = (w.message or f"relative error {w.error:.2g} per element, tolerance "
+              f"{tolerance:g}{against}") + counted
+    if worst.passed and not getattr(worst, "ran", True):
+        return MethodResult(label, "not established", f"compared no element{against}")
     return MethodResult(label, "passed" if worst.passed else "failed", detail)
 
 
@@ -231,7 +251,8 @@ def _formal_method(proof, status: str) -> MethodResult:
         why = "not asked for" if status == "skipped" else status
         return MethodResult("formal", "skipped", why)
     detail = getattr(proof, "detail", "") or ""
-    why = f"{proof.method}, in real arithmetic (rounding is the float test's)" if proof.proved \
+    why = (f"{proof.method}, in real arithmetic, rounding only where the program rounds (the "
+           f"rest of rounding is the float test's)") if proof.proved \
         else f"{proof.method}: {detail}" if detail else proof.method
     return MethodResult("formal", status, why)
 
@@ -259,6 +280,10 @@ def _decide(methods, require_proof: bool, fl) -> tuple[str, str | None]:
             "on a law the finite-field test does not keep)")
     if field.status != "passed":
         return NOT_ESTABLISHED, f"finite-field bound not established: {field.why}"
+    empty = [m for m in methods if m.name in ("float64", "own precision")
+             and m.status == "not established"]
+    if empty:
+        return NOT_ESTABLISHED, "; ".join(f"{m.name}: {m.why}" for m in empty)
     formal = by_name["formal"]
     if require_proof and formal.status != "proved":
         return NOT_ESTABLISHED, f"formal proof required, status: {formal.status}"
@@ -272,9 +297,41 @@ def quick_equivalent(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 
 
     A draw that hits a zero divisor is redrawn; a candidate that cannot be tested is rejected.
     """
-    if interface_mismatch(spec, candidate) is not None:
-        return False
+    return quick_rejection(spec, candidate, tests=tests, seed=seed) is None
+
+
+def quick_rejection(spec: KernelGraph, candidate: KernelGraph, *, tests: int = 1,
+                    seed: int = 0) -> tuple[str, str] | None:
+    """`quick_equivalent`'s answer with its reason: None when the candidate passes, else
+    (kind, detail): why it failed (counted by kind in the search report), and where."""
+    mismatch = interface_mismatch(spec, candidate)
+    if mismatch is not None:
+        return "interfaces differ", mismatch
     try:
-        return finite_field_test(spec, candidate, tests=tests, seed=seed).passed
-    except VerificationError:
-        return False
+        result = finite_field_test(spec, candidate, tests=tests, seed=seed)
+    except VerificationError as e:
+        return "finite field could not run", str(e)
+    return None if result.passed else ("finite field: outputs differ", result.failure)
+
+
+def rejection(report: VerificationReport) -> tuple[str, str]:
+    """Why `check` did not say EQUIVALENT, as (kind, detail): the first method that failed, or
+    was not established, with its worst element; counted by kind in the search's report."""
+    for method in report.methods:
+        if method.status == "failed":
+            return f"{method.name} failed", _failed_detail(report, method)
+    for method in report.methods:
+        if method.status == "not established":
+            return f"{method.name} not established", method.why
+    return f"{report.verdict.lower()}", report.reason or report.verdict_line()
+
+
+def _failed_detail(report: VerificationReport, method: MethodResult) -> str:
+    """The failing float case's worst element (its mode's detail), else the method's line."""
+    fl = report.float
+    mode = {"float64": "float64", "own precision": "own"}.get(method.name)
+    if fl is None or method.name not in ("float64", "own precision", "special values"):
+        return method.why
+    failed = [m for m in fl.modes if not m.passed and (mode is None or m.mode == mode)
+              and (method.name != "special values" or m.case != "random")]
+    return f"{failed[0].case} case: {failed[0].detail()}" if failed else method.why

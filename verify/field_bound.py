@@ -73,8 +73,9 @@ class SymbolicSemantics:
     """The finite-field semantics' primitives on `Term`s: running an op-table entry on it gives
     the entry's degree rule and the applications it makes, so there is no second table."""
 
-    def __init__(self):
+    def __init__(self, exact_casts=frozenset()):
         self.apps = Apps()
+        self.exact_casts = exact_casts    # casts that make no new rounding (ALL: every one)
 
     def element(self, value: float) -> Term:
         if not math.isfinite(value):
@@ -117,6 +118,14 @@ class SymbolicSemantics:
         self.apps.add((op, params), 1, args)
         return _atom(args)
 
+    def rounding(self, a: Term, dtype) -> Term:
+        """A CAST covers both outcomes of the run: the program's own rounding (x, exact) and a
+        new one (an uninterpreted application)."""
+        if not dtype.is_16bit:
+            return a
+        self.oracle("round", dtype.value, a)
+        return replace(a, num=max(a.num, 1), value=None)
+
     def lattice(self, kind: str, a: Term, b: Term) -> Term:
         self.apps.add(kind, 3, [a, b])          # Φ(a), Φ(b), Φ⁻¹ of their sum
         return _atom([a, b])
@@ -140,7 +149,12 @@ def _pow(sem, x: Term, y: Term, arg) -> Term:
 def _elementwise(sem, node, *srcs) -> Term:
     if node.op is TOp.POW:
         return _pow(sem, *srcs, node.arg)
+    if node.op is TOp.CAST and (sem.exact_casts is ALL or node in sem.exact_casts):
+        return srcs[0]     # the program's own rounding: exact in the run, no application
     return FF_ELEMENTWISE[node.op](sem, *srcs, node.arg)
+
+
+ALL = "all"   # every cast of the graph is exact: the spec's run never makes a new rounding
 
 
 # ---- structural ops (the interpreter builds them from the same primitives) ------------------------
@@ -513,14 +527,16 @@ class GraphBound:
 
 
 @functools.lru_cache(maxsize=256)
-def analyze(graph: KernelGraph) -> GraphBound:
+def analyze(graph: KernelGraph, exact_casts=frozenset()) -> GraphBound:
+    """`exact_casts`: the graph's casts its run keeps exact (ALL for a spec, whose casts are the
+    program's own roundings); every other cast counts as an uninterpreted application."""
     terms, apps = {}, {}
     for node in graph.nodes:
-        sem = SymbolicSemantics()
+        sem = SymbolicSemantics(exact_casts)
         if node.op is KOp.INPUT:
             terms[node] = _input_term(node)
         elif node.op is KOp.CUSTOM:
-            terms[node] = _block_terms(node, [terms[s] for s in node.srcs], apps)
+            terms[node] = _block_terms(node, [terms[s] for s in node.srcs], apps, exact_casts)
         else:
             terms[node] = _node_term(sem, node, [terms[s] for s in node.srcs])
             apps[node] = (sem.apps, math.prod(node.shape))
@@ -531,12 +547,12 @@ def analyze(graph: KernelGraph) -> GraphBound:
     return GraphBound(tuple(terms[o] for o in graph.outputs), cones, divisions, exponents)
 
 
-def _block_terms(node, inputs: list, apps: dict) -> Term:
+def _block_terms(node, inputs: list, apps: dict, exact_casts=frozenset()) -> Term:
     """The term of one custom op's output; its block nodes' applications go into `apps`."""
     bg, which = node.arg
     terms, phase = {}, bg.phases()
     for bnode in bg.nodes:
-        sem = SymbolicSemantics()
+        sem = SymbolicSemantics(exact_casts)
         srcs = [terms[s] for s in bnode.srcs]
         if bnode.op is BOp.INPUT:
             terms[bnode] = _tile_term(bnode, inputs[bnode.arg.index])
@@ -613,8 +629,19 @@ class PairBound:
         return self.parts(2 * Q_MIN + 1, Q_MIN)
 
 
-def pair_bound(spec: KernelGraph, candidate: KernelGraph) -> PairBound:
-    s, c = analyze(spec), analyze(candidate)
+def pair_bound(spec: KernelGraph, candidate: KernelGraph, *, trust_forms: bool = False) -> PairBound:
+    """The bound's ingredients for one pair. The spec's casts never make a new rounding (its run
+    records them). The candidate's do where the program does not hold the value: every cast
+    counts as an application but the spec's own cast nodes (the same node, the same values), or
+    with `trust_forms` only those whose operand's normal form the spec does not hold
+    (`abstract.casts.new_roundings`); a caller that trusts forms must check that the run made no
+    other new rounding (`FiniteFieldSemantics.new_roundings_made`)."""
+    from mugraph.verify.abstract.casts import casts, new_roundings
+    own = frozenset(n for n, _ in casts(candidate))
+    exact = own & frozenset(n for n, _ in casts(spec))     # the spec's own cast nodes
+    if trust_forms:
+        exact |= own - new_roundings(spec, candidate)
+    s, c = analyze(spec, ALL), analyze(candidate, exact)
     degree, pools = 1, {}
     for ts, tc, cs, cc in zip(s.outputs, c.outputs, s.cones, c.cones):
         degree = max(degree, ts.num + tc.den, tc.num + ts.den)

@@ -26,12 +26,64 @@ class NeedsExponents(Exception):
     """An exp was reached in a run without exponent images: the test reruns with them."""
 
 
+class Roundings:
+    """Which values the spec's program holds in each 16-bit dtype: the operands of its casts to
+    it, its inputs of it, and the value of every node it stores in it (an fp16 node's value is
+    rounded to fp16 by the program, cast or not). Recorded by the spec's run, read by the
+    candidate's: a candidate's rounding of such a value to that dtype is the program's own, and
+    kept exact; any other is a new rounding (`FiniteFieldSemantics.rounding`). Stored values are
+    kept up to STORED_LIMIT elements per run (a cast of a value past it counts as new: a false
+    rejection at most)."""
+
+    STORED_LIMIT = 1 << 20          # 8 MB of residues per run (the spec's runs are cached)
+
+    def __init__(self):
+        self._tables: dict = {}     # (kind, dtype) -> [residue arrays], then one sorted array
+        self._stored = 0
+
+    def add(self, dtype, residues, kind: str = "cast") -> None:
+        residues = np.asarray(residues, np.int64).reshape(-1)
+        if kind == "stored":
+            if self._stored + residues.size > self.STORED_LIMIT:
+                return
+            self._stored += residues.size
+            residues = residues.copy()      # the run may reuse its buffers
+        self._tables.setdefault((kind, dtype), []).append(residues)
+
+    def holds(self, dtype, residues) -> np.ndarray:
+        """Which of `residues` the program holds in `dtype` (a cast's operand first: the other
+        tables are sorted only when needed)."""
+        residues = np.asarray(residues, np.int64)
+        found = np.zeros(residues.shape, bool)
+        for kind in ("cast", "input", "stored"):
+            found |= _member(self._sorted((kind, dtype)), residues)
+            if found.all():
+                break
+        return found
+
+    def _sorted(self, key) -> np.ndarray:
+        parts = self._tables.get(key)
+        if parts is None:
+            return np.zeros(0, np.int64)
+        if isinstance(parts, list):   # sorted with repeats: searchsorted needs no more
+            parts = self._tables[key] = np.sort(np.concatenate(parts))
+        return parts
+
+
+def _member(sorted_values: np.ndarray, residues: np.ndarray) -> np.ndarray:
+    if sorted_values.size == 0:
+        return np.zeros(residues.shape, bool)
+    at = np.minimum(np.searchsorted(sorted_values, residues), sorted_values.size - 1)
+    return sorted_values[at] == residues
+
+
 # ---- the semantics -------------------------------------------------------------------------------
 class FiniteFieldSemantics:
     """One test's semantics for the interpreter: values are Z_p residues (`exponents=False`) or
     (Z_p, Z_q ∪ {⊥}) records (`exponents=True`, needed as soon as a program has an exp)."""
 
-    def __init__(self, field: Field, key: int, exponents: bool = True):
+    def __init__(self, field: Field, key: int, exponents: bool = True,
+                 roundings: Roundings | None = None):
         self.field = field
         self.key = key
         self.exponents = exponents
@@ -39,13 +91,27 @@ class FiniteFieldSemantics:
         self.constant_values: dict[int, float] = {}   # p residue -> float (POW exponents)
         self._oracle_keys: dict = {}
         self._permutations: dict = {}
+        # the spec's run records its roundings; a candidate's run reads the spec's
+        self.recorded = Roundings() if roundings is None else None
+        self.roundings = roundings
+        self.new_roundings_made = 0   # elements a candidate's casts rounded as the program does not
 
     # -- the interpreter's interface: leaves, storage, structure --------------------------------
     def cast(self, x, dtype) -> np.ndarray:
-        return self._value(x)   # values are exact: dtypes and casts do not change them
+        # storing to a node's dtype: exact (its rounding is the float test's)
+        return self._stored(self._value(x), dtype)
 
     def input(self, array, dtype) -> np.ndarray:
-        return self._value(array)
+        value = self._value(array)
+        if self.recorded is not None and dtype is not None and dtype.is_16bit:
+            self.recorded.add(dtype, self.residue(value), "input")
+        return value
+
+    def _stored(self, value, dtype):
+        """The spec's run records what it stores in a 16-bit dtype (`Roundings`)."""
+        if self.recorded is not None and dtype is not None and dtype.is_16bit:
+            self.recorded.add(dtype, self.residue(value), "stored")
+        return value
 
     def _value(self, x) -> np.ndarray:
         x = np.asarray(x)
@@ -78,9 +144,13 @@ class FiniteFieldSemantics:
         return np.full(shape, self.lattice_identity("max"), VALUE if self.exponents else np.int64)
 
     def elementwise(self, op: TOp, args, arg, dtype) -> np.ndarray:
-        return FF_ELEMENTWISE[op](self, *args, arg)
+        value = FF_ELEMENTWISE[op](self, *args, arg)
+        return value if op is TOp.CAST else self._stored(value, dtype)
 
     def matmul(self, a, b, dtype, operand_dtype=None) -> np.ndarray:
+        return self._stored(self._matmul(a, b), dtype)
+
+    def _matmul(self, a, b) -> np.ndarray:
         if not self.exponents:
             return exact_matmul(a, b, self.field.p)
         rp = exact_matmul(p_part(a), p_part(b), self.field.p)
@@ -92,6 +162,9 @@ class FiniteFieldSemantics:
         return join(rp, rq, np.broadcast_to(bottom, rp.shape))
 
     def reduce_sum(self, x, dim: int, dtype) -> np.ndarray:
+        return self._stored(self._reduce_sum(x, dim), dtype)
+
+    def _reduce_sum(self, x, dim: int) -> np.ndarray:
         if not self.exponents:
             return sum_mod(x, dim, self.field.p)
         rp = sum_mod(p_part(x), dim, self.field.p)
@@ -104,7 +177,7 @@ class FiniteFieldSemantics:
     def reduce_max(self, x, dim: int, dtype) -> np.ndarray:
         perm = self.permutation("max")
         digest = sum_mod(perm(self.residue(x)), dim, self.field.p)
-        return self.lattice_value("max", perm.inverse(digest))
+        return self._stored(self.lattice_value("max", perm.inverse(digest)), dtype)
 
     # -- primitives the op table is written in ---------------------------------------------------
     def residue(self, v) -> np.ndarray:
@@ -178,6 +251,24 @@ class FiniteFieldSemantics:
             fallback = uniform_below(self._hash("exp", None, [p_part(v)]), self.field.q)
             exponent = np.where(bottom, fallback, exponent)
         return without_image(power_of_g(self.field, exponent))
+
+    def rounding(self, x, dtype) -> np.ndarray:
+        """A CAST to `dtype`. To fp32 (the widest dtype) nothing is rounded: x. To a 16-bit dtype
+        in the spec's run: x, recorded (the program's own roundings are what a candidate may
+        skip or repeat). In a candidate's run: x where the program holds the same value in that
+        dtype (`Roundings`), else an uninterpreted function of x: a rounding the program does
+        not make changes the value, so `cast(e·2^-18, f16)·2^18` never equals e."""
+        if not dtype.is_16bit:
+            return x
+        residue = self.residue(x)
+        if self.roundings is None:
+            self.recorded.add(dtype, residue, "cast")
+            return x
+        kept = self.roundings.holds(dtype, residue)
+        if kept.all():
+            return x
+        self.new_roundings_made += int(kept.size - np.count_nonzero(kept))
+        return np.where(kept, x, self.oracle("round", dtype.value, x))
 
     def oracle(self, op, params, *args) -> np.ndarray:
         """An uninterpreted function: a keyed random function of (op, params, the arguments'
@@ -340,6 +431,6 @@ FF_ELEMENTWISE = {
     TOp.EQ: _eq,
     TOp.NE: lambda sem, a, b, arg: _not(sem, _eq(sem, a, b, None)),
     TOp.SELECT: _select,
-    TOp.CAST: lambda sem, x, arg: x,   # exact arithmetic has no rounding (the float test's job)
+    TOp.CAST: lambda sem, x, arg: sem.rounding(x, arg),   # the program's roundings, or new ones
 } | {op: _uninterpreted(op, k) for op, k in UNINTERPRETED.items()}
 

@@ -25,6 +25,11 @@ bound):
   function of the multiset reduced, so max(x, y) and x differ (the old keyed order selected an
   operand: relu(x) passed for x half the time). RELU = max(x, 0), CLAMP = min(max(x, lo), hi).
   A max's image is a keyed function of its residue (exp(s − max(s)) keeps its law).
+* CAST to fp32 is exact (fp32 is the widest dtype). CAST to a 16-bit dtype is the program's own
+  rounding where the spec holds the same value in that dtype (a cast of it, an input, a stored
+  16-bit tensor; recorded by the spec's run, `field_semantics.Roundings`): exact, as the spec's
+  own casts are (a kernel may skip them). Elsewhere it is a rounding the program does not make:
+  an uninterpreted function ("round", dtype) of its operand, so cast(e·2^-18, f16)·2^18 ≠ e.
 * every other op — sqrt, log, silu, gelu, sigmoid, tanh, erf, a non-integer pow, and any op in
   `field_semantics.UNINTERPRETED` — is an uninterpreted function: a keyed random function of
   (op, params, the operands' residues) with a fresh residue and image. RSQRT = 1/SQRT and
@@ -76,8 +81,9 @@ The printed bound is Π ε_t. It rests on three assumptions it does not price:
      6e11 primes per test, so a coefficient of H bits is divisible by it with probability
      <= H / (50 · 6e11) (constants equal to a fixed prime could not fool the test).
 Invisible by design (the float test's job): anything equal in exact arithmetic but not in
-floating point — overflow, cancellation, rounding, IEEE special values. A constant folded in
-floating point (x·(1/3) vs x/3) is a false rejection.
+floating point — overflow, cancellation, the rounding of ordinary ops and storage, IEEE special
+values (explicit casts are modelled, above). A constant folded in floating point (x·(1/3) vs
+x/3) is a false rejection.
 
 Registering an op
 -----------------
@@ -134,8 +140,10 @@ class Draw:
     test: int
     attempt: int
 
-    def semantics(self, exponents: bool) -> FiniteFieldSemantics:
-        return FiniteFieldSemantics(self.field, self.key, exponents)
+    def semantics(self, exponents: bool, roundings=None) -> FiniteFieldSemantics:
+        """The test's semantics: the spec's run (recording its roundings), or with `roundings`
+        (the spec's) a candidate's run."""
+        return FiniteFieldSemantics(self.field, self.key, exponents, roundings)
 
 
 @functools.lru_cache(maxsize=256)
@@ -166,11 +174,20 @@ def _uniform(rng: np.random.Generator, m: int, shape) -> np.ndarray:
     return rng.integers(0, m, shape, np.uint64).view(np.int64)
 
 
-def evaluate(graph: KernelGraph, draw: Draw, inputs=None, exponents: bool = True) -> list:
-    """`graph`'s outputs for one draw (raises ZeroDivisorDrawn, or NeedsExponents)."""
+def evaluate(graph: KernelGraph, draw: Draw, inputs=None, exponents: bool = True,
+             roundings=None) -> list:
+    """`graph`'s outputs for one draw (raises ZeroDivisorDrawn, or NeedsExponents); with
+    `roundings` (the spec's, `spec_run`), as a candidate: its casts are the program's roundings
+    only where the spec rounds the same values."""
+    return _run_graph(graph, draw, inputs, exponents, roundings)[0]
+
+
+def _run_graph(graph, draw, inputs, exponents, roundings):
+    """(outputs, the semantics that ran them: its record, or the new roundings it made)."""
     inputs = draw_inputs(graph, draw, exponents) if inputs is None else inputs
+    sem = draw.semantics(exponents, roundings)
     with single_threaded_blas():
-        return interpret(graph, inputs, semantics=draw.semantics(exponents))
+        return interpret(graph, inputs, semantics=sem), sem
 
 
 @functools.lru_cache(maxsize=2)
@@ -180,17 +197,18 @@ def _inputs(spec: KernelGraph, seed: int, test: int, attempt: int, exponents: bo
 
 
 @functools.lru_cache(maxsize=32)
-def _spec_outputs(spec: KernelGraph, seed: int, test: int, attempt: int,
-                  exponents: bool) -> list:
+def spec_run(spec: KernelGraph, seed: int, test: int, attempt: int, exponents: bool) -> tuple:
+    """The spec's outputs for one draw and the roundings it makes (`Roundings`)."""
     # the search checks many candidates against one spec: its outputs are worth caching
-    return evaluate(spec, make_draw(seed, test, attempt),
-                    _inputs(spec, seed, test, attempt, exponents), exponents)
+    outputs, sem = _run_graph(spec, make_draw(seed, test, attempt),
+                              _inputs(spec, seed, test, attempt, exponents), exponents, None)
+    return outputs, sem.recorded
 
 
 def clear_caches() -> None:
     """Forget cached spec inputs and outputs (frees memory; benchmarks time first calls)."""
     _inputs.cache_clear()
-    _spec_outputs.cache_clear()
+    spec_run.cache_clear()
 
 
 # ---- the result ----------------------------------------------------------------------------------
@@ -256,10 +274,20 @@ def finite_field_test(spec: KernelGraph, candidate: KernelGraph, *, tests: int |
         from mugraph.verify.sampling import sampled_test
         return sampled_test(spec, candidate, sample_blocks, tests=tests, seed=seed, target=target,
                             max_tests=max_tests, max_redraws=max_redraws)
-    bound = pair_bound(spec, candidate)
+    bound = pair_bound(spec, candidate, trust_forms=True)
     count = tests if tests is not None else default_count(bound, target, max_tests)
     runner = _Runner(spec, candidate, seed, bound.exponents, max_redraws)
     for test in range(count):
+        failure = runner.run(test)
+        if failure is not None:
+            return runner.result(False, bound, target, start, failure)
+        if runner.new_roundings and bound != (full := pair_bound(spec, candidate)):
+            # a cast the bound took for the program's own (by normal form) rounded a value the
+            # program does not hold: count every cast, and run as many tests as that needs
+            bound = full
+            if tests is None:
+                count = max(count, default_count(bound, target, max_tests))
+    for test in range(len(runner.primes), count):
         failure = runner.run(test)
         if failure is not None:
             return runner.result(False, bound, target, start, failure)
@@ -290,6 +318,7 @@ class _Runner:
         self.exponents, self.max_redraws = exponents, max_redraws
         self.primes: list = []
         self.redraws = 0
+        self.new_roundings = 0      # elements the candidate's casts rounded as the program does not
 
     def run(self, test: int) -> str | None:
         for attempt in range(self.max_redraws + 1):
@@ -308,10 +337,12 @@ class _Runner:
 
     def _outputs(self, test: int, attempt: int):
         try:
-            expected = _spec_outputs(self.spec, self.seed, test, attempt, self.exponents)
+            expected, roundings = spec_run(self.spec, self.seed, test, attempt, self.exponents)
             inputs = _inputs(self.spec, self.seed, test, attempt, self.exponents)
-            return expected, evaluate(self.candidate, make_draw(self.seed, test, attempt),
-                                      inputs, self.exponents)
+            got, sem = _run_graph(self.candidate, make_draw(self.seed, test, attempt), inputs,
+                                  self.exponents, roundings)
+            self.new_roundings += sem.new_roundings_made
+            return expected, got
         except NeedsExponents:  # an op the bound's pass did not see as an exp: rerun with images
             self.exponents = True
             return self._outputs(test, attempt)

@@ -1,8 +1,9 @@
 """Float differential testing: the candidate against the spec on random inputs and on IEEE special values.
 
 Each case is one set of inputs, run in two modes:
-* float64: the candidate in float64 against the spec in float64 (any difference beyond rounding is
-  a bug: tolerance 1e-9); NaN and ±inf must sit exactly where the spec has them;
+* float64: the candidate in float64 against the spec in float64, both rounding at their casts to
+  a 16-bit dtype and nowhere else (any difference beyond that is a bug: tolerance 1e-9); NaN and
+  ±inf must sit exactly where the spec has them;
 * own: the candidate in its own dtypes (fp32 arithmetic and accumulation, 16-bit storage, as the
   generated kernels do; 1e-4 for fp32 outputs, 1e-2 for fp16/bf16), held to the float64 spec's
   values, beside the program as its dtypes compute it: `jax.jit(fn)` on the same inputs when the
@@ -13,18 +14,23 @@ Each case is one set of inputs, run in two modes:
   and within tolerance of the float64 spec, the candidate must be too; where it ran out of range
   or precision (an overflow that ended finite, as x / inf = 0), no kernel is held to its answer:
   those elements are not compared, and counted.
-The error of an output is max|candidate − expected| / max|expected| over the compared finite
-elements (in own precision at least the output dtype's smallest normal, below which 16-bit
-results have no relative precision). In the `large` case, a range test, elements where the
-reference (the float64 spec, or the own-dtype run) overflowed are not compared either: a kernel
-that keeps them finite is not wrong; wherever the program's own run is right, a kernel that
-loses range is. A spec lifted from JAX has jax.jit's dtypes (its casts are CAST ops), so a
-candidate is held to everything jax.jit(fn) holds: one that rounds or reduces in a narrower
-dtype than the program (an fp16 row sum past 65504) fails.
+Errors are per element (`element_errors`): |candidate − expected|, less twice the rounding the
+program's own casts allow there (a kernel may skip a rounding the program makes), relative to
+the magnitude of the terms that produced the element (`verify.magnitude`: sums add magnitudes,
+products multiply them, a function adds its slope times its operand's), capped at the output's
+largest value and at least the output dtype's smallest normal in own precision (below it,
+16-bit results have no relative precision). So an element small among large ones is held to its
+own size, while a sum that cancels is held to its terms. Each mode counts the elements it
+compared; a case that compared none established nothing and is reported as not run. In the
+`large` case, a range test, elements where the reference (the float64 spec, or the own-dtype run)
+overflowed are not compared either: a kernel that keeps them finite is not wrong; wherever the
+program's own run is right, a kernel that loses range is. A spec lifted from JAX has jax.jit's
+dtypes (its casts are CAST ops), so a candidate is held to everything jax.jit(fn) holds: one
+that rounds or reduces in a narrower dtype than the program (an fp16 row sum past 65504) fails.
 
 Cases (`CASES`): random inputs, N(0, 1) · scale with the scale halved until the reference is
-finite, then the special-value cases of `special_values` (NaN, ±inf, softmax masks, large values,
-denormals), each placed where it means something for the program at hand.
+finite, then the special-value cases of `special_values` (exact zeros, NaN, ±inf, softmax masks,
+large values, denormals, underflow), each placed where it means something for the program.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import functools
 import math
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,9 +46,11 @@ from mugraph.ir.dtypes import DType
 from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.interpret import interpret
+from mugraph.ir.ops import TOp
 from mugraph.ir.origin import jax_origin
 from mugraph.ir.semantics import NumpySemantics
 from mugraph.verify.field import single_threaded_blas
+from mugraph.verify.magnitude import magnitude_floor, rounded, run as run_magnitudes
 from mugraph.verify.special_values import CASES, finfo, normal, special_inputs
 
 OWN_TOLERANCE = {DType.FLOAT32: 1e-4, DType.FLOAT16: 1e-2, DType.BFLOAT16: 1e-2}
@@ -57,13 +65,15 @@ SCALE_TRIES = 8
 class Difference:
     """How far one candidate output is from the reference, and where the worst element is."""
 
-    error: float                   # max |candidate − reference| / max |reference|; inf: non-finite mismatch
+    error: float                   # the worst element error (`element_errors`); inf: non-finite mismatch
     output: int
     index: tuple | None
     spec_value: float | None
     candidate_value: float | None
     message: str | None = None     # set when non-finite values decide the comparison
     skipped: int = 0               # elements not compared (see the module docstring)
+    compared: int = 0              # elements compared
+    magnitude: float | None = None  # the worst element's magnitude (what its error is relative to)
 
 
 @dataclass(frozen=True)
@@ -78,18 +88,30 @@ class ModeResult:
     case: str = "random"
     reference: str = "spec"        # what the candidate was compared with
     skipped: int = 0               # elements not compared, all outputs
+    compared: int = 0              # elements compared, all outputs
+
+    @property
+    def ran(self) -> bool:
+        """Compared at least one element (a mode that compared nothing established nothing)."""
+        return self.compared > 0
 
     def detail(self) -> str:
-        """The worst element and what was not compared."""
+        """The worst element and how many were compared."""
         w = self.worst
         if w is None:
             return "no outputs"
         where = (f"; output {w.output} at {w.index}: candidate {w.candidate_value!r}, "
                  f"expected {w.spec_value!r}") if w.index is not None else ""
+        if w.magnitude is not None and w.index is not None and w.message is None:
+            where += f" (magnitude {w.magnitude:.3g})"
         tolerance = self.tolerances[w.output]
         detail = w.message or f"relative error {w.error:.3g} (tolerance {tolerance:g})"
-        skipped = f"; {self.skipped} elements not compared" if self.skipped else ""
-        return f"{detail}{where}{skipped}"
+        return f"{detail}{where}; {self.counted()}"
+
+    def counted(self) -> str:
+        """How many elements were compared, and how many were not."""
+        total = self.compared + self.skipped
+        return f"{self.compared} of {total} elements compared"
 
     def __str__(self) -> str:
         state = "ok" if self.passed else "FAILED"
@@ -109,9 +131,25 @@ class CaseResult:
     def passed(self) -> bool:
         return all(m.passed for m in self.modes)
 
+    @property
+    def ran(self) -> bool:
+        """It ran, and every mode compared something."""
+        return not self.skipped and bool(self.modes) and all(m.ran for m in self.modes)
+
+    @property
+    def not_run(self) -> str | None:
+        """Why the case established nothing: not run (and why), or it compared no element."""
+        if self.skipped:
+            return self.skipped
+        empty = [m.mode for m in self.modes if not m.ran]
+        if empty:
+            return (f"compared no element in {', '.join(empty)} (the program's own run lost "
+                    f"range or precision everywhere)")
+        return None
+
     def __str__(self) -> str:
         if self.skipped:
-            return f"{self.case}: skipped ({self.skipped})"
+            return f"{self.case}: not run ({self.skipped})"
         return "\n".join(str(m) for m in self.modes)
 
 
@@ -133,8 +171,8 @@ class FloatResult:
 
     @property
     def special_cases(self) -> tuple[str, ...]:
-        """The special-value cases that ran (not skipped)."""
-        return tuple(c.case for c in self.cases if c.case != "random" and not c.skipped)
+        """The special-value cases that ran and compared something."""
+        return tuple(c.case for c in self.cases if c.case != "random" and c.ran)
 
     def mode(self, name: str) -> ModeResult:
         """The worst failure of mode `name` across cases, else its random-case result."""
@@ -152,18 +190,18 @@ class FloatResult:
         state = "ok" if not failed else f"FAILED in {', '.join(failed)}"
         against = f" against {self.reference}" if name == "own" else ""
         worst = max(ran, key=_badness)
-        skipped = sum(m.skipped for m in ran)
-        extra = f"; {skipped} elements not compared in all" if skipped else ""
-        return (f"{name}: {state}{against}; worst ({worst.case}): {worst.detail()}{extra}; "
+        compared, skipped = sum(m.compared for m in ran), sum(m.skipped for m in ran)
+        return (f"{name}: {state}{against}; worst ({worst.case}): {worst.detail()}; "
+                f"{compared} of {compared + skipped} elements compared in all; "
                 f"{sum(m.seconds for m in ran):.2f}s")
 
     def __str__(self) -> str:
         names = list(dict.fromkeys(m.mode for m in self.modes))
-        skipped = [f"{c.case} skipped: {c.skipped}" for c in self.cases if c.skipped]
-        cases = ", ".join(c.case for c in self.cases if not c.skipped)
+        not_run = [f"{c.case} not run: {c.not_run}" for c in self.cases if c.not_run]
+        cases = ", ".join(c.case for c in self.cases if c.ran)
         lines = [f"float {self.summary(n)}" for n in names]
-        lines.append(f"float cases: {cases} (scale {self.scale:g})"
-                     + (f"; {'; '.join(skipped)}" if skipped else ""))
+        lines.append(f"float cases: {cases or 'none'} (scale {self.scale:g})"
+                     + (f"; {'; '.join(not_run)}" if not_run else ""))
         return "\n".join(lines)
 
 
@@ -227,13 +265,44 @@ class _DtypeInputs(NumpySemantics):
             return widen(x, np.float32)
         return super()._up(x)
 
+    def elementwise(self, op, args, arg, dtype):
+        if op is TOp.CAST and self.float64:   # float64 mode honours the program's roundings
+            return rounded(args[0], arg)
+        return super().elementwise(op, args, arg, dtype)
+
 
 _SEMANTICS = {"float64": _DtypeInputs(float64=True), "own": _DtypeInputs(float64=False)}
 
 
 # ---- comparison -----------------------------------------------------------------------------------
-def compare(expected, got, output: int = 0, skip=None, floor: float = TINY) -> Difference:
-    """The relative error of `got` against `expected`; a non-finite mismatch is error = inf.
+BUDGET_SLACK = 2.0     # the program's explicit roundings (magnitude.py's R) a candidate may skip, x2
+
+
+def element_errors(expected, got, magnitude=None, budget=None, floor: float = TINY) -> np.ndarray:
+    """Each finite element's error: how far `got` is from `expected` beyond BUDGET_SLACK times the
+    rounding `budget` (the program's own roundings a candidate may skip), relative to the
+    element's own scale: the `magnitude` of the terms that produced it (`verify.magnitude`),
+    capped at the output's largest finite value, and at least `floor`. Without a magnitude every
+    element is measured against the output's largest value (the whole-output yardstick).
+
+    The cap keeps the yardstick never looser than the whole output's (an exp's slope makes a
+    softmax's M several times its value); the magnitude holds an element that is small among
+    large ones to its own size (0 where y·2^-156·2^156 underflowed is an error of 1, not 1e-5)."""
+    expected, got = np.asarray(expected, np.float64), np.asarray(got, np.float64)
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(expected)
+        cap = float(np.max(np.abs(expected[finite]), initial=0.0))
+        scale = cap if magnitude is None else np.minimum(np.asarray(magnitude, np.float64), cap)
+        excess = np.abs(got - expected)
+        if budget is not None:
+            excess = np.maximum(excess - BUDGET_SLACK * np.asarray(budget, np.float64), 0.0)
+        return excess / np.maximum(scale, floor)
+
+
+def compare(expected, got, output: int = 0, skip=None, floor: float = TINY, magnitude=None,
+            budget=None) -> Difference:
+    """The worst element error (`element_errors`) of `got` against `expected`; a non-finite
+    mismatch is error = inf.
 
     `skip`: a boolean array of elements not to compare (counted in `Difference.skipped`).
     `floor`: the least scale errors are relative to (an output dtype's smallest normal: below
@@ -247,16 +316,20 @@ def compare(expected, got, output: int = 0, skip=None, floor: float = TINY) -> D
     if skip is not None and np.any(skip):
         skipped = int(np.sum(skip))
         expected, got = np.where(skip, 0.0, expected), np.where(skip, 0.0, got)
+    compared = expected.size - skipped
     bad = _nonfinite_mismatch(expected, got, output)
     if bad is not None:
-        return bad
+        return replace(bad, skipped=skipped, compared=compared)
     finite = np.isfinite(expected)  # where it is not, the two values are equal (checked above)
-    diff = np.abs(np.where(finite, got, 0.0) - np.where(finite, expected, 0.0))
-    scale = max(float(np.max(np.abs(expected[finite]), initial=0.0)), floor)
-    flat = int(np.argmax(diff)) if diff.size else 0
-    index = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
-    return Difference(float(diff.flat[flat]) / scale, output, index,
-                      float(expected[index]), float(got[index]), skipped=skipped)
+    errors = element_errors(np.where(finite, expected, 0.0), np.where(finite, got, 0.0),
+                            magnitude, budget, floor)
+    errors = np.where(finite, np.nan_to_num(errors, nan=0.0), 0.0)
+    flat = int(np.argmax(errors)) if errors.size else 0
+    index = tuple(int(i) for i in np.unravel_index(flat, errors.shape))
+    scale = None if magnitude is None else float(np.broadcast_to(magnitude, errors.shape)[index])
+    return Difference(float(errors.flat[flat]) if errors.size else 0.0, output, index,
+                      float(expected[index]), float(got[index]), skipped=skipped,
+                      compared=compared, magnitude=scale)
 
 
 def _nonfinite_mismatch(expected, got, output: int) -> Difference | None:
@@ -276,8 +349,10 @@ def _nonfinite_mismatch(expected, got, output: int) -> Difference | None:
 # ---- references -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Reference:
-    """What one case's candidate runs are compared with: float64 spec outputs, and the own-precision
-    reference (jax.jit(fn), or the float64 spec) with the elements it cannot vouch for."""
+    """What one case's candidate runs are compared with: the float64 spec's outputs (its casts
+    honoured) with each element's magnitude and rounding budget (`verify.magnitude`), and the
+    own-precision reference (jax.jit(fn), or the float64 spec) with the elements it cannot vouch
+    for."""
 
     float64: list
     own: list
@@ -285,14 +360,31 @@ class Reference:
     own_name: str
     own_run: list                  # the own-precision run itself (jax.jit(fn), or the spec's)
     disagreement: Difference | None = None   # random case: jax.jit(fn) is not the float64 spec
+    magnitude: list | None = None  # per output: each element's M (None: |value|)
+    budget: list | None = None     # per output: each element's rounding budget R
 
 
 def _run(graph, inputs, mode):
     with single_threaded_blas(), np.errstate(all="ignore"):  # overflow is reported, not warned
         if not isinstance(inputs, CaseInputs):   # arrays of any type: rounded to the dtypes
+            if mode == "float64":
+                return interpret(graph, inputs, semantics=_SEMANTICS[mode])
             return interpret(graph, inputs, dtype=mode)
         arrays = inputs.widened() if mode == "float64" else inputs
         return interpret(graph, arrays, semantics=_SEMANTICS[mode])
+
+
+def spec_magnitudes(spec: KernelGraph, inputs) -> tuple[list, list, list]:
+    """The spec in float64 with its casts honoured: (values, magnitudes, rounding budgets) per
+    output (`verify.magnitude`)."""
+    arrays = inputs.widened() if isinstance(inputs, CaseInputs) else \
+        {k: np.asarray(v, np.float64) for k, v in dict(inputs).items()}
+    with single_threaded_blas(), np.errstate(all="ignore"):
+        outs = run_magnitudes(spec, arrays)
+    values = [np.ascontiguousarray(o.v) for o in outs]
+    return values, [magnitude_floor(o.v, o.magnitude()) for o in outs], \
+        [None if o.r is None else np.where(np.isfinite(o.r), np.broadcast_to(o.r, o.shape), 0.0)
+         for o in outs]
 
 
 def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:
@@ -307,16 +399,16 @@ def _jax_outputs(spec: KernelGraph, origin, inputs) -> list:
 
 def reference(spec: KernelGraph, inputs, case: str = "random") -> Reference:
     """The reference outputs of one case (see the module docstring for what is not compared)."""
-    f64 = _run(spec, inputs, "float64")
+    f64, magnitude, budget = spec_magnitudes(spec, inputs)
     run, name = _own_run(spec, inputs)
     expected, skip = [], []
-    for node, e, r in zip(spec.outputs, f64, run):
-        want, held = _own_expected(node, e, r, case)
+    for node, e, r, m, q in zip(spec.outputs, f64, run, magnitude, budget):
+        want, held = _own_expected(node, e, r, case, m, q)
         expected.append(want)
         skip.append(~held)
     disagreement = _disagreement(spec, f64, run) if name == JAX_REFERENCE and case == "random" \
         else None
-    return Reference(f64, expected, skip, name, run, disagreement)
+    return Reference(f64, expected, skip, name, run, disagreement, magnitude, budget)
 
 
 JAX_REFERENCE = "jax.jit(fn)"
@@ -354,37 +446,39 @@ def disagreement_tolerance(dtype: DType) -> float:
 
 def _disagreement(spec, f64, run) -> Difference | None:
     """Where jax.jit(fn) and the float64 spec differ beyond the output's tolerance on random
-    inputs: the spec is not the program jax.jit runs (a lifting error), so nothing is verified."""
+    inputs: the spec is not the program jax.jit runs (a lifting error), so nothing is verified.
+    Measured against the whole output (no magnitudes): a lifting error changes values by O(1)
+    of the output, while jax.jit's own dtypes may lose a small element entirely (an fp16 silu
+    of -10 underflows to -0), which is the program's precision, not another program."""
     for i, (node, e, r) in enumerate(zip(spec.outputs, f64, run)):
         d = compare(e, r, i, floor=float(finfo(node.dtype).smallest_normal))
         if d.error > disagreement_tolerance(node.dtype):
             return Difference(np.inf, i, None, d.spec_value, d.candidate_value,
                               f"jax.jit(fn) gives {d.candidate_value!r} at output {i} {d.index} where "
-                              f"the float64 spec gives {d.spec_value!r} (relative error {d.error:.3g}): "
-                              "the spec is not the program jax.jit runs")
+                              f"the float64 spec gives {d.spec_value!r} (relative error {d.error:.3g} "
+                              "of the output's largest value): the spec is not the program jax.jit "
+                              "runs")
     return None
 
 
-def _own_expected(node, f64, run, case: str):
+def _own_expected(node, f64, run, case: str, magnitude=None, budget=None):
     """What the candidate's own-precision output must be, and the elements `run` vouches for.
 
-    Random case: the float64 value everywhere but where `run` overflowed and the float64 spec
-    did not. Other cases: where the program's own run (`run`) and the float64 spec are the same
-    NaN or ±inf, the candidate must be too (not in a range case). Where `run` is finite and
-    within the output's tolerance of the float64 spec, the candidate is held to the float64
-    value (`run` carries rounding of its own). Elsewhere `run` ran out of range or precision (an
-    overflow that ended finite, as x / inf = 0; an underflow to 0 that met an inf and made a NaN
-    the float64 spec does not have): no kernel is held to its answer there.
+    Where the program's own run (`run`) and the float64 spec are the same NaN or ±inf, the
+    candidate must be too (not in a range case). Where `run` is finite and within the output's
+    tolerance of the float64 spec (element by element, `element_errors`), the candidate is held
+    to the float64 value (`run` carries rounding of its own). Elsewhere `run` ran out of range
+    or precision (an overflow that ended finite, as x / inf = 0; an underflow to 0 that met an
+    inf and made a NaN the float64 spec does not have; an fp16 silu of -10 that underflowed to
+    -0): no kernel is held to its answer there. The same holds on random inputs, where the
+    disagreement check (`_disagreement`) first makes sure `run` is the program.
     """
     f64, run = np.asarray(f64, np.float64), np.asarray(run, np.float64)
-    if case == "random":
-        return f64, ~(np.isfinite(f64) & ~np.isfinite(run))
     range_case = case in RANGE_CASES
     finite = np.isfinite(f64) & np.isfinite(run)
-    scale = max(float(np.max(np.abs(f64[finite]), initial=0.0)),
-                float(finfo(node.dtype).smallest_normal))
-    with np.errstate(invalid="ignore"):
-        right = finite & (np.abs(np.where(finite, run - f64, 0.0)) <= OWN_TOLERANCE[node.dtype] * scale)
+    errors = element_errors(np.where(finite, f64, 0.0), np.where(finite, run, 0.0), magnitude,
+                            budget, float(finfo(node.dtype).smallest_normal))
+    right = finite & (errors <= OWN_TOLERANCE[node.dtype])
     special = ~np.isfinite(run) & ((run == f64) | (np.isnan(run) & np.isnan(f64)))
     held = right if range_case else right | special
     return np.where(right, f64, np.where(special, run, 0.0)), held
@@ -392,7 +486,8 @@ def _own_expected(node, f64, run, case: str):
 
 def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
              case: str = "random") -> ModeResult:
-    """Compare `candidate` run in `mode` with the reference of its case."""
+    """Compare `candidate` run in `mode` with the reference of its case, element by element
+    (`element_errors`: each against its own magnitude, beyond the program's rounding budget)."""
     start = time.perf_counter()
     got = _run(candidate, inputs, mode)
     if mode == "float64":
@@ -404,13 +499,18 @@ def run_mode(mode: str, ref: Reference, candidate: KernelGraph, inputs,
                        for o in candidate.outputs)
     floors = [TINY if mode == "float64" else float(finfo(o.dtype).smallest_normal)
               for o in candidate.outputs]
-    diffs = [compare(e, g, i, s, f) for i, (e, g, s, f) in enumerate(zip(expected, got, skip, floors))]
+    count = len(expected)
+    magnitude = ref.magnitude or [None] * count
+    budget = ref.budget or [None] * count
+    diffs = [compare(e, g, i, s, f, m, q) for i, (e, g, s, f, m, q)
+             in enumerate(zip(expected, got, skip, floors, magnitude, budget))]
+    compared, skipped = sum(d.compared for d in diffs), sum(d.skipped for d in diffs)
     if mode == "own" and ref.disagreement is not None:
         diffs.append(ref.disagreement)
     worst = max(diffs, key=lambda d: d.error / tolerances[d.output]) if diffs else None
     passed = all(d.error <= tolerances[d.output] for d in diffs)
     return ModeResult(mode, passed, worst, tolerances, time.perf_counter() - start, case, name,
-                      sum(d.skipped for d in diffs))
+                      skipped, compared)
 
 
 def usable_inputs(spec: KernelGraph, seed: int, scale: float):
@@ -496,7 +596,7 @@ def float_diff(spec: KernelGraph, candidate: KernelGraph, *, seed: int = 0, scal
     results, failed = [], None
     for case in cases:
         if failed is not None and stop_at_failure:
-            results.append(CaseResult(case, "", (), skipped=f"not run: the {failed} case failed"))
+            results.append(CaseResult(case, "", (), skipped=f"the {failed} case failed"))
             continue
         results.append(_run_case(spec, candidate, case, base, base_ref, seed, scale, modes))
         failed = failed or (None if results[-1].passed else case)

@@ -290,8 +290,9 @@ def hashed_input(draw, node, sets, exponents: bool) -> np.ndarray:
     return join(residues, uniform_below(mix64(h ^ np.uint64(0x5851F42D4C957F2D)), draw.field.q))
 
 
-def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponents: bool) -> dict:
-    sem = draw.semantics(exponents)
+def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponents: bool,
+                     sem=None) -> dict:
+    sem = sem or draw.semantics(exponents)
     values: dict = {}
     done_groups: dict = {}
     with single_threaded_blas():
@@ -299,7 +300,8 @@ def evaluate_sampled(graph: KernelGraph, have: dict, groups: dict, draw, exponen
             if node not in have:
                 continue
             if node.op is KOp.INPUT:
-                values[node] = hashed_input(draw, node, have[node], exponents)
+                values[node] = sem.input(hashed_input(draw, node, have[node], exponents),
+                                         node.dtype)
             elif node.op is KOp.CUSTOM:
                 values[node] = _run_group(sem, node, have, groups, values, done_groups)
             else:
@@ -383,8 +385,11 @@ def _compare(spec, candidate, sample_blocks, draw, exponents):
     sets = [sample_sets(o.shape, sample_blocks, rng) for o in spec.outputs]
     outputs, plans = [], [plan(graph, sets) for graph in (spec, candidate)]
     _require_memory(spec, plans)
+    spec_sem = draw.semantics(exponents)
     for graph, (have, groups) in zip((spec, candidate), plans):
-        values = evaluate_sampled(graph, have, groups, draw, exponents)
+        # the candidate's casts read the spec's roundings
+        sem = spec_sem if graph is spec else draw.semantics(exponents, spec_sem.recorded)
+        values = evaluate_sampled(graph, have, groups, draw, exponents, sem)
         outputs.append([restrict(values[o], have[o], s, o.shape)
                         for o, s in zip(graph.outputs, sets)])
     n = sum(math.prod(_shape(o, s)) for o, s in zip(spec.outputs, sets))

@@ -1,6 +1,10 @@
-"""The special-value cases of the float test: inputs holding NaN, ±inf, softmax masks, near-overflow
-values and denormals, placed where they mean something for the program at hand.
+"""The special-value cases of the float test: inputs holding exact zeros, NaN, ±inf, softmax masks,
+near-overflow values, denormals and values that underflow, placed where they mean something for
+the program at hand.
 
+* zeros: the random inputs with exact +0 and -0: the first element +0 and the last -0, a share
+  of random positions ±0, and, for rank >= 2, one whole row (+0) and one whole column (-0) —
+  where x / x, log(x), 0 · tanh(x), sqrt(x²)'s derivative and friends differ from the program;
 * nan / inf: the random inputs with NaN (resp. +inf and −inf) at two positions of every input;
 * mask: −inf in a quarter of the elements of every input that reaches exp or max without a
   matmul or sum between (a softmax operand, an attention mask), plus one whole masked row
@@ -9,7 +13,10 @@ values and denormals, placed where they mean something for the program at hand.
   or norm of K of them overflows the dtype by about 2× (min(max/2, 2·max/K)), a matmul over K
   comes to about max/2 (sqrt(max/2K)), and with no reduction they are max/2 — where a 16-bit
   intermediate or accumulator would overflow and fp32 accumulation, as XLA does, does not;
-* denormal: N(0, 1) scaled into the dtype's subnormal range.
+* denormal: N(0, 1) scaled into the dtype's subnormal range;
+* underflow: magnitudes 2^U with U uniform from the dtype's smallest subnormal up to 1, random
+  signs: a scaling by 2^-k (or a product of small values) underflows some elements to 0 or into
+  the subnormals wherever a candidate scales where the program does not.
 
 Every case's inputs are arrays of the input's own dtype. A 16-bit input's values come from a
 2^16-entry table (N(0, 1) quantiles, or the case's uniform levels, rounded to the dtype once)
@@ -27,8 +34,9 @@ from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.ops import KERNEL_LAYOUT, KOp, TOp
 
-CASES = ("random", "nan", "inf", "mask", "large", "denormal")
+CASES = ("random", "zeros", "nan", "inf", "mask", "large", "denormal", "underflow")
 MASK_SHARE = 0.25
+ZERO_DRAW = 16           # one in ZERO_DRAW elements is set to -0, one to +0
 SPECIALS_PER_INPUT = 2
 
 
@@ -139,6 +147,35 @@ def _with_specials(base, graph, rng, values) -> dict:
     return out
 
 
+def _zeros(base, graph, rng) -> tuple[dict, str]:
+    out = {}
+    for node in graph.inputs:
+        a = base[node.arg[0]].copy()
+        flat = a.reshape(-1)
+        flat[0], flat[-1] = 0.0, -0.0
+        draw = rng.integers(0, ZERO_DRAW, a.shape, dtype=np.uint8)   # 0: -0, 1: +0
+        a[draw == 0], a[draw == 1] = -0.0, 0.0
+        if a.ndim >= 2:
+            a[..., int(rng.integers(a.shape[-2])), :] = 0.0
+            a[..., int(rng.integers(a.shape[-1]))] = -0.0
+        out[node.arg[0]] = a
+    return out, (f"+0 and -0 at the first and last position and {2 / ZERO_DRAW:.1%} of the "
+                 "others, a +0 row and a -0 column of every input")
+
+
+def _underflow(graph, rng) -> tuple[dict, str]:
+    out = {}
+    for node in graph.inputs:
+        low = float(np.log2(finfo(node.dtype).smallest_subnormal))
+        if node.dtype.is_16bit:   # half the table negative: sign and magnitude in one draw
+            half = np.exp2(low * (1.0 - _MIDPOINTS[::2]))
+            out[node.arg[0]] = tabled(rng, node.shape, node.dtype, np.concatenate([-half, half]))
+        else:
+            sign = np.where(rng.random(node.shape, dtype=np.float32) < 0.5, -1.0, 1.0)
+            out[node.arg[0]] = (sign * np.exp2(low * rng.random(node.shape))).astype(node.dtype.numpy)
+    return out, "magnitudes 2^U, U uniform from the smallest subnormal to 1, random signs"
+
+
 def _masked(base, graph, rng) -> tuple[dict | None, str]:
     out, masked = dict(base), []
     for node in graph.inputs:
@@ -179,6 +216,10 @@ def special_inputs(graph: KernelGraph, case: str, base: dict, seed: int) -> tupl
     rng = _rng(seed, case)
     if case == "random":
         return base, "N(0, 1) · scale"
+    if case == "zeros":
+        return _zeros(base, graph, rng)
+    if case == "underflow":
+        return _underflow(graph, rng)
     if case == "nan":
         return _with_specials(base, graph, rng, [np.nan] * SPECIALS_PER_INPUT), \
             f"NaN at {SPECIALS_PER_INPUT} positions of every input"

@@ -12,8 +12,8 @@ from mugraph import ir, workloads
 from mugraph.verify import check, finite_field_test, generate_mutants, rewrite
 from mugraph.verify.abstract import prove_equivalent
 from mugraph.verify.float_diff import random_inputs
-from mugraph.verify.mutate import (EQUIVALENT, SEPARATED, UNDECIDED, Oracle, kill_rates,
-                                   oracle_inputs, replace_block, rewrite_block)
+from mugraph.verify.mutate import (EQUIVALENT, SEPARATED, UNDECIDED, Oracle, _kernel_edits,
+                                   kill_rates, oracle_inputs, replace_block, rewrite_block)
 
 MIN_MUTANTS = 20
 LIMIT = 30          # per workload (seeded order)
@@ -97,14 +97,39 @@ def test_the_mutants_cover_every_kind_across_the_suite():
     assert KINDS <= kinds, f"missing kinds {KINDS - kinds}"
 
 
+def _every_valid_mutant(reference) -> set:
+    """Every edit the generator tries, built here: the valid, distinct mutants (no oracle)."""
+    found = set()
+    for _, _, make in _kernel_edits(reference):
+        try:
+            mutant = make()
+        except ir.InvalidGraph:
+            continue
+        if [(o.shape, o.dtype) for o in mutant.outputs] == \
+                [(o.shape, o.dtype) for o in reference.outputs] and mutant is not reference:
+            found.add(mutant)
+    return found
+
+
 def test_equivalent_mutants_are_discarded_and_counted():
+    """The generator's oracle (float64 on its own inputs) keeps the separated mutants and counts
+    the equivalent ones; judged here by the exact finite-field test instead: every kept mutant
+    differs from the reference, and at least as many discarded ones compute its function as the
+    oracle counted equivalent (an oracle that discarded a real mutant as equivalent fails)."""
     # ntrans's block has forloop 1 and no looped input: other trip counts of its schedule, and
     # other mutations, include some that compute the same function
     w, reference = _reference("ntrans")
     found = generate_mutants(reference, scale=w.input_scale)
+    kept = {m.graph for m in found.mutants}
+    every = _every_valid_mutant(reference)
+    discarded = every - kept
+    assert kept <= every and len(kept) == len(found.mutants)
+    assert len(discarded) == found.equivalent + found.undecided
     assert found.equivalent > 0 and found.invalid > 0
-    assert all(m.graph is not reference and m.gap > 1e-6 for m in found.mutants)
-    assert len({m.graph for m in found.mutants}) == len(found.mutants)
+    differs = [g for g in kept if finite_field_test(reference, g, seed=5).passed]
+    assert not differs, f"{len(differs)} kept mutants compute the reference's function"
+    same = sum(finite_field_test(reference, g, seed=5).passed for g in discarded)
+    assert same >= found.equivalent, (same, found.equivalent)
 
 
 @pytest.mark.slow

@@ -72,9 +72,13 @@ class Elements:
     re-lowers only the nodes it changed.
     """
 
-    def __init__(self, deadline: float = math.inf):
+    def __init__(self, deadline: float = math.inf, new_roundings: frozenset = frozenset()):
         self.deadline = deadline
-        self._memo = _MEMO
+        # casts that are not the program's roundings (`casts.py`): uninterpreted. Their elements
+        # differ from the shared memo's (which reads every cast as the identity), so they get
+        # their own.
+        self.new_roundings = new_roundings
+        self._memo = {} if new_roundings else _MEMO
         self._phases: dict = {}
         self._depth = 0
         if len(_MEMO) > _MEMO_SIZE:
@@ -186,6 +190,8 @@ def elementwise(lw: Elements, node, index, read) -> Expr:
     an op without one is an uninterpreted function of them."""
     args = [read(s, broadcast_index(index, node.shape, s.shape)) for s in node.srcs]
     entry = TOP_LOWER.get(node.op)
+    if node in lw.new_roundings:   # a rounding the program does not make changes the value
+        return E.fn(Fn.OPAQUE, *args, extra=("round", node.arg.value))
     if entry is None:
         return E.fn(Fn.OPAQUE, *args, extra=(node.op.value, repr(node.arg)))
     return entry(args, node.arg)

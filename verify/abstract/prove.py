@@ -21,8 +21,12 @@ Why each step is sound:
     tensors and opaque functions, and the ranges of the output's index variables; a proof holds
     for every value of those and every value of the opaque reductions, so for the real ones.
 
-What is modelled: real arithmetic, so "proved" says "proved in real arithmetic". Not modelled:
-rounding and storage dtypes (an fp16 output equals its real value, a CAST is the identity), IEEE special values (inf/NaN arithmetic, 0 * inf), and division by zero
+What is modelled: real arithmetic, so "proved" says "proved in real arithmetic, where the
+candidate rounds only where the program does". A CAST that is the program's own rounding (the
+spec rounds a value of the same normal form to the same dtype, `casts.py`) is the identity, as
+the spec's own casts are (a kernel may skip them); any other cast of the candidate is an
+uninterpreted function. Not modelled: the rounding of ordinary ops and storage dtypes (an fp16
+output equals its real value), IEEE special values (inf/NaN arithmetic, 0 * inf), and division by zero
 or arguments outside a function's domain (x / x is not simplified anyway). Those are the float
 test's job. An op without an index-level meaning makes the output "not proved"; an elementwise
 op without an abstract-expression entry is an uninterpreted function (sound, never proved equal
@@ -39,6 +43,7 @@ from mugraph.ir.errors import InvalidInput
 from mugraph.ir.graph import KernelGraph
 from mugraph.ir.settings import settings
 from mugraph.verify.abstract import normalize as N
+from mugraph.verify.abstract.casts import new_roundings
 from mugraph.verify.abstract.axioms import index_ranges, z3_equal
 from mugraph.verify.abstract.elements import Elements, MAX_REFINES
 from mugraph.verify.abstract.evaluate import at_random_point
@@ -83,7 +88,7 @@ def prove_equivalent(spec: KernelGraph, candidate: KernelGraph, *, rlimit: int |
     if problem:
         return ProofResult(False, "normaliser", (False,) * len(candidate.outputs),
                            time.perf_counter() - start, problem)
-    lw = Elements(deadline=start + seconds)
+    lw = Elements(deadline=start + seconds, new_roundings=new_roundings(spec, candidate))
     results = [_prove_output(lw, s, c, rlimit or settings.z3_rlimit)
                for s, c in zip(spec.outputs, candidate.outputs)]
     proved = tuple(ok for ok, _, _ in results)
