@@ -88,15 +88,22 @@ def test_missing_cupy_is_no_device_too(monkeypatch):
 
 # ---- arch choice ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,present,chosen", [(None, "sm_80", "sm_80"), (None, "sm_90", "sm_90"),
-                                                 ("sm_90a", "sm_90", "sm_90a"), (None, None, "sm_90")])
-def test_arch_follows_the_device(arch, present, chosen):
-    assert runtime_cupy._choose_arch(arch, present) == chosen
+@pytest.mark.parametrize("arch,capability,chosen", [(None, "8.0", "sm_80"), (None, "8.6", "sm_80"),
+                                                    (None, "9.0", "sm_90a"), (None, "12.0", "sm_90"),
+                                                    ("sm_90", "9.0", "sm_90"), ("sm_80", "8.9", "sm_80"),
+                                                    (None, None, "sm_90a")])
+def test_arch_follows_the_device(arch, capability, chosen):
+    from mugraph.codegen.device import for_device
+    device = for_device(capability) if capability else None
+    assert runtime_cupy._choose_arch(arch, device) == chosen
 
 
-def test_a_binary_for_another_major_version_is_refused():
-    with pytest.raises(InvalidInput, match="cannot run on this sm_90 device"):
-        runtime_cupy._choose_arch("sm_80", "sm_90")
+@pytest.mark.parametrize("arch,capability", [("sm_80", "9.0"), ("sm_90a", "10.0"), ("sm_90", "8.0"),
+                                             ("sm_90a", "12.0")])
+def test_a_binary_that_does_not_run_on_the_device_is_refused(arch, capability):
+    from mugraph.codegen.device import for_device
+    with pytest.raises(InvalidInput, match=f"cannot run on this compute capability {capability} device"):
+        runtime_cupy._choose_arch(arch, for_device(capability))
 
 
 # ---- plan and inputs (compiled with NVRTC, no GPU needed) --------------------------------------------------------
