@@ -389,3 +389,12 @@ def test_a_tma_plan_lowers_with_its_tensor_maps_and_its_producer_warpgroup():
     text = call.replace(" ", "")
     assert "tensor_maps=dense<[" + ",".join(map(str, records)) + "]>" in text, call
     assert f"block=dense<[{step.launch.block[0]},1,1]>" in text, call
+
+
+@pytest.mark.skipif(jax_has_gpu(), reason="checks the no-driver path")
+def test_without_a_driver_the_handler_says_so_instead_of_encoding():
+    from mugraph.jax_ffi import encode_tensor_map, handler_library
+    spec = _maps_of_every_kind()[1]
+    with pytest.raises(NoDevice, match="libcuda.so.1"):
+        encode_tensor_map((0, 0, *spec.record()), 4096)
+    assert handler_library().mg_device_smem_optin(0) == -1

@@ -299,11 +299,9 @@ ffi::Error PrepareFunction(const Driver& d, const std::string& name, int64_t sme
   return ffi::Error::Success();
 }
 
-// The kernel (module, name) in the stream's context, loaded and checked once.
-ffi::Error GetFunction(const Driver& d, CUstream stream, std::string_view module_hash,
+// The kernel (module, name) in context `ctx`, loaded and checked once.
+ffi::Error GetFunction(const Driver& d, CUcontext ctx, std::string_view module_hash,
                        std::string_view kernel, int64_t smem, int64_t cluster_size, Function* out) {
-  CUcontext ctx = nullptr;
-  if (CUresult rc = d.stream_get_ctx(stream, &ctx)) return DriverError(d, rc, "cuStreamGetCtx");
   std::lock_guard<std::mutex> lock(registry_mutex);
   std::string hash(module_hash), name(kernel);
   CUmodule& module = modules[{hash, ctx}];
@@ -512,21 +510,34 @@ ffi::Error Dispatch(const Driver& d, CUstream stream, const Call& call, const Fu
   return rc ? DriverError(d, rc, "cuLaunchKernelEx(" + name + ")") : ffi::Error::Success();
 }
 
+ffi::Error StreamContext(const Driver& d, CUstream stream, CUcontext* ctx) {
+  CUresult rc = d.stream_get_ctx(stream, ctx);
+  return rc ? DriverError(d, rc, "cuStreamGetCtx") : ffi::Error::Success();
+}
+
+// Encodes the maps and launches, with the stream's context current (whatever XLA's thread has).
 ffi::Error Launch(const Driver& d, CUstream stream, const Call& call, ffi::RemainingArgs& args,
                   ffi::RemainingRets& rets, const std::vector<void*>& workspace) {
   Arguments a;
   if (ffi::Error e = Gather(call, args, rets, workspace, &a); e.failure()) return e;
+  CUcontext ctx = nullptr;
+  Function f;
+  if (ffi::Error e = StreamContext(d, stream, &ctx); e.failure()) return e;
+  if (ffi::Error e = GetFunction(d, ctx, call.module, call.kernel, call.smem, call.ClusterSize(), &f);
+      e.failure())
+    return e;
+  if (CUresult rc = d.ctx_push(ctx)) return DriverError(d, rc, "cuCtxPushCurrent");
   std::vector<CUtensorMap> maps(a.maps.size());
-  for (size_t i = 0; i < maps.size(); ++i)
-    if (ffi::Error e = Encode(d, a.maps[i], a.map_addresses[i], &maps[i]); e.failure()) return e;
+  ffi::Error result = ffi::Error::Success();
+  for (size_t i = 0; i < maps.size() && result.success(); ++i)
+    result = Encode(d, a.maps[i], a.map_addresses[i], &maps[i]);
   std::vector<void*> params;
   for (void*& p : a.pointers) params.push_back(&p);
   for (CUtensorMap& m : maps) params.push_back(&m);
-  Function f;
-  if (ffi::Error e = GetFunction(d, stream, call.module, call.kernel, call.smem, call.ClusterSize(), &f);
-      e.failure())
-    return e;
-  return Dispatch(d, stream, call, f, params.data());
+  if (result.success()) result = Dispatch(d, stream, call, f, params.data());
+  CUcontext popped = nullptr;
+  d.ctx_pop(&popped);
+  return result;
 }
 
 // ---- the handlers ---------------------------------------------------------------------------------
@@ -545,8 +556,10 @@ ffi::Error Prepare(CUstream stream, ffi::RemainingArgs, ffi::RemainingRets, std:
   const Driver& d = GetDriver();
   Call call{module, kernel, grid, block, smem, param_kind, param_index, tensor_maps, cluster};
   if (ffi::Error e = Ready(d, call); e.failure()) return e;
+  CUcontext ctx = nullptr;
   Function f;
-  return GetFunction(d, stream, module, kernel, smem, call.ClusterSize(), &f);
+  if (ffi::Error e = StreamContext(d, stream, &ctx); e.failure()) return e;
+  return GetFunction(d, ctx, module, kernel, smem, call.ClusterSize(), &f);
 }
 
 ffi::Error PrepareWorkspace(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
@@ -570,6 +583,22 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets 
   Call call{module, kernel, grid, block, smem, param_kind, param_index, tensor_maps, cluster};
   if (ffi::Error e = Ready(d, call); e.failure()) return e;
   return Launch(d, stream, call, args, rets, {});
+}
+
+// cuMemsetD8Async on XLA's stream of each workspace buffer the plan asks to start zeroed, in the
+// stream's context.
+ffi::Error ZeroWorkspace(const Driver& d, CUstream stream, const std::vector<void*>& workspace,
+                         ffi::Span<const int64_t> bytes, ffi::Span<const int64_t> zero) {
+  CUcontext ctx = nullptr, popped = nullptr;
+  if (ffi::Error e = StreamContext(d, stream, &ctx); e.failure()) return e;
+  if (CUresult rc = d.ctx_push(ctx)) return DriverError(d, rc, "cuCtxPushCurrent");
+  CUresult rc = 0;
+  for (size_t i = 0; i < workspace.size() && rc == 0; ++i)
+    if (zero[i])
+      rc = d.memset_d8_async(reinterpret_cast<CUdeviceptr>(workspace[i]), 0, static_cast<size_t>(bytes[i]),
+                             stream);
+  d.ctx_pop(&popped);
+  return rc ? DriverError(d, rc, "cuMemsetD8Async(workspace)") : ffi::Error::Success();
 }
 
 // Plans with workspace: this call's own buffers from XLA's scratch allocator, zeroed on XLA's stream
@@ -598,11 +627,9 @@ ffi::Error ExecuteWorkspace(CUstream stream, ffi::ScratchAllocator scratch, ffi:
                         "mugraph: XLA's scratch allocator has no " + std::to_string(bytes) +
                             " bytes for " + std::string(kernel) + "'s workspace");
     workspace[i] = *ptr;
-    if (workspace_zero[i]) {
-      CUresult rc = d.memset_d8_async(reinterpret_cast<CUdeviceptr>(*ptr), 0, bytes, stream);
-      if (rc) return DriverError(d, rc, "cuMemsetD8Async(workspace)");
-    }
   }
+  if (ffi::Error e = ZeroWorkspace(d, stream, workspace, workspace_bytes, workspace_zero); e.failure())
+    return e;
   return Launch(d, stream, call, args, rets, workspace);
 }
 

@@ -252,3 +252,22 @@ def test_library_op_matches_the_interpreter_in_own_dtype(op):
     out = np.full(node.shape, np.nan, node.dtype.numpy)
     library_op(op)(np, node, operands, out)
     np.testing.assert_array_equal(out, want)
+
+
+# ---- a clustered launch's plan on the CPU harness (the same plan tests/gpu launches through both launchers) -----
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_clustered_plan_runs_right_on_the_harness(size):
+    from mugraph.codegen.cpu import build_cpu
+    from mugraph.codegen.run_cpu import run_plan
+    from tests.codegen import cluster_plan as cp
+    module = cp.module(size)
+    cpu = build_cpu(module.source, ["cluster_combine"])
+    arrays = cp.inputs(size)
+    got = run_plan(module, cpu, arrays)
+    want = cp.expected(*arrays, size)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+    kernel = GpuKernel(module)  # compiles for sm_90a and checks the plan (cluster tiles the grid) without a GPU
+    assert kernel.compiled.arch == "sm_90a" and runtime_cupy.needs_driver_launch(module.plan.kernels[0])
