@@ -1,6 +1,12 @@
 """Run a generated μGraph on a GPU through CuPy: compile its CUDA to a CUBIN with NVRTC, load it, bind arrays,
 launch the plan's kernels in order on the current stream, and capture the whole plan as a CUDA graph.
 
+What is generated and built follows the device (``codegen.device``): sm_80 code on 8.x, sm_90a's TMA + wgmma on
+9.0, sm_90's on newer GPUs in a CUBIN NVRTC builds for the GPU's own arch (its PTX, JIT-compiled by the driver,
+where NVRTC cannot), planned within the device's shared memory per block. Launches with TMA tensor maps (encoded
+with the driver for the bound buffers' addresses, passed by value after the pointers) or thread-block clusters go
+through ``cuLaunchKernelEx`` (cuda-bindings); the others through CuPy.
+
 Arrays: CuPy arrays are used as they are, JAX (and other DLPack) GPU arrays without a copy, NumPy arrays are
 copied to the device. Outputs, intermediates and the plan's workspace (split partials and counters,
 ``LaunchPlan.workspace``) live in buffers allocated once per kernel, device and stream, zeroed where the plan says
