@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from mugraph.codegen.compile import TARGETS, capability_of, compile_target, supported_archs
+from mugraph.codegen.compile import SMEM_OPTIN_KB, TARGETS, UNLISTED_SMEM_KB, capability_of, supported_archs
 from mugraph.ir.errors import InvalidInput, NoDevice, ResourceError
 
 MIN_CAPABILITY = (8, 0)  # cp.async, bf16 mma.sync
@@ -82,7 +82,7 @@ def for_device(capability, smem_limit: int | None = None) -> DeviceArch:
     cc = parse_capability(capability)
     codegen = codegen_arch(cc)
     exact = f"sm_{cc[0]}{cc[1]}"
-    limit = smem_limit if smem_limit is not None else _table_limit(exact, codegen)
+    limit = smem_limit if smem_limit is not None else _table_limit(cc)
     if cubin_runs(codegen, cc):
         return DeviceArch(cc, codegen, codegen, limit)
     if 10 * cc[0] + cc[1] in supported_archs():
@@ -90,11 +90,10 @@ def for_device(capability, smem_limit: int | None = None) -> DeviceArch:
     return DeviceArch(cc, codegen, codegen, limit, jit=True)
 
 
-def _table_limit(exact: str, codegen: str) -> int:
-    try:
-        return compile_target(exact).max_smem_per_block
-    except InvalidInput:  # a GPU newer than the compiler: the limit of its major's table entry is unknown
-        return min(compile_target(codegen).max_smem_per_block, compile_target("sm_120").max_smem_per_block)
+def _table_limit(capability: tuple) -> int:
+    """The compute capability's per-block limit (compile.SMEM_OPTIN_KB; 48 KB, what every GPU allows without
+    opting in, for one the table does not list)."""
+    return SMEM_OPTIN_KB.get(capability, UNLISTED_SMEM_KB) * 1024
 
 
 def codegen_spec(device: DeviceArch):

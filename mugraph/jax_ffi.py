@@ -231,18 +231,11 @@ def device_build():
     return dev.for_device(str(getattr(gpus[0], "compute_capability", "9.0")), limit if limit > 0 else None)
 
 
-def device_arch() -> str:
-    """The generator's arch for JAX's first GPU (see `arch_for`)."""
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    if not gpus:
-        raise NoDevice("JAX sees no GPU", hint="backend='harness' runs on the CPU harness")
-    return arch_for(str(getattr(gpus[0], "compute_capability", "9.0")))
-
-
 def arch_for(compute_capability: str) -> str:
-    """The generator's arch for a GPU: sm_80 for 8.x (an sm_80 CUBIN runs on every 8.x GPU), sm_90a for
-    9.0 (TMA, wgmma), sm_90's cp.async + mma.sync code for every newer major (built by NVRTC for the
-    GPU's own arch: `codegen.device`). NoDevice before 8.0 (no cp.async / bf16 mma.sync)."""
+    """The generator's arch for a GPU of `compute_capability` ("9.0"): sm_80 for 8.x (an sm_80
+    CUBIN runs on every 8.x GPU), sm_90a for 9.0 (TMA, wgmma), sm_90's cp.async + mma.sync code for
+    every newer major (built by NVRTC for the GPU's own arch: `codegen.device`). NoDevice before 8.0
+    (no cp.async / bf16 mma.sync)."""
     from mugraph.codegen.device import codegen_arch
     return codegen_arch(compute_capability)
 
@@ -263,9 +256,10 @@ class CudaLauncher:
     use."""
 
     def __init__(self, module, device=None):
+        from mugraph.codegen.compile import capability_of
         from mugraph.codegen.device import for_device
         self.module = module
-        self.device = device if device is not None else for_device(_module_capability(module.arch))
+        self.device = device if device is not None else for_device(capability_of(module.arch))
         self._name = None
 
     def module_name(self, register: bool = True) -> str:
@@ -287,11 +281,6 @@ class CudaLauncher:
         target, attributes = call_attributes(step, self.module_name(register=jax_has_gpu()))
         call = jax.ffi.ffi_call(target, results, vmap_method="sequential")
         return call(*inputs, **attributes)
-
-
-def _module_capability(arch: str) -> tuple:
-    from mugraph.codegen.compile import capability_of
-    return capability_of(arch)
 
 
 OPERAND, RESULT, WORKSPACE = 0, 1, 2  # what a kernel parameter is, in the custom call's param_kind
@@ -316,7 +305,8 @@ def call_attributes(step, module: str) -> tuple[str, dict]:
 
 def param_slots(step) -> tuple[np.ndarray, np.ndarray]:
     """(kind, index) of each kernel parameter: operand i, result i or workspace i of the call."""
-    pairs = [_slots(step)[a] for a in step.launch.args]
+    slots = _slots(step)
+    pairs = [slots[a] for a in step.launch.args]
     return (np.asarray([k for k, _ in pairs], np.int64), np.asarray([i for _, i in pairs], np.int64))
 
 

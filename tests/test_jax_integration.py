@@ -398,3 +398,14 @@ def test_without_a_driver_the_handler_says_so_instead_of_encoding():
     with pytest.raises(NoDevice, match="libcuda.so.1"):
         encode_tensor_map((0, 0, *spec.record()), 4096)
     assert handler_library().mg_device_smem_optin(0) == -1
+
+
+def test_the_cuda_backend_builds_per_gpu_what_the_cupy_runtime_builds():
+    from mugraph.codegen.device import for_device
+    from mugraph.jax_ffi import arch_for, target_build
+    assert [arch_for(c) for c in ("8.0", "8.9", "9.0", "10.0", "12.0")] == \
+        ["sm_80", "sm_80", "sm_90a", "sm_90", "sm_90"]
+    with pytest.raises(NoDevice, match="7.5"):
+        arch_for("7.5")
+    assert target_build("h200") == target_build("h100") == for_device("9.0")
+    assert target_build("a100").codegen == "sm_80"
