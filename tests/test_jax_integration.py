@@ -409,3 +409,18 @@ def test_the_cuda_backend_builds_per_gpu_what_the_cupy_runtime_builds():
         arch_for("7.5")
     assert target_build("h200") == target_build("h100") == for_device("9.0")
     assert target_build("a100").codegen == "sm_80"
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_clustered_plan_runs_right_through_the_harness_primitive_under_jit(size):
+    """The harness launcher passes the plan's cluster (blocks of a cluster run together, sharing memory)."""
+    from mugraph.jax_integration import HarnessLauncher, run_plan
+    from tests.codegen import cluster_plan as cp
+    module = cp.module(size)
+    launcher = HarnessLauncher(module)
+    arrays = cp.inputs(size)
+    got = jax.jit(lambda *a: run_plan(module.plan, a, launcher))(*arrays)
+    want = cp.expected(*arrays, size)
+    np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+    np.testing.assert_array_equal(np.asarray(got[2]), want[2])
