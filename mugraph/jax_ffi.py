@@ -41,7 +41,7 @@ EVENT_TARGET = "mugraph_record_event"   # a timing mark on XLA's stream (bench/g
 DESCRIBE_TARGETS = {TARGET: ("mugraph_describe", "MugraphDescribe"),
                     WORKSPACE_TARGET: ("mugraph_describe_ws", "MugraphDescribeWorkspace")}
 _EXPORTS = ("MugraphRecordEvent", "mg_find_module", "mg_tensor_map_args", "mg_encode_tensor_map",
-            "mg_device_smem_optin")
+            "mg_device_smem_optin", "mg_driver_abi")
 SOURCE = Path(__file__).resolve().parent / "ffi" / "mugraph_launch.cc"
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wno-return-type")
 _LOCK = threading.Lock()
@@ -115,6 +115,8 @@ def handler_library() -> ctypes.CDLL:
     lib.mg_encode_tensor_map.restype = ctypes.c_int64
     lib.mg_device_smem_optin.argtypes = [ctypes.c_int64]
     lib.mg_device_smem_optin.restype = ctypes.c_int64
+    lib.mg_driver_abi.argtypes = [words, ctypes.c_int64]
+    lib.mg_driver_abi.restype = ctypes.c_int64
     lib.mg_set_registry(str(registry_dir()).encode())
     for target, (initialize, execute) in TARGETS.items():
         jax.ffi.register_ffi_target(target, {"initialize": jax.ffi.pycapsule(getattr(lib, initialize)),

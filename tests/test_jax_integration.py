@@ -424,3 +424,47 @@ def test_a_clustered_plan_runs_right_through_the_harness_primitive_under_jit(siz
     np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(got[1]), want[1])
     np.testing.assert_array_equal(np.asarray(got[2]), want[2])
+
+
+_CUDA_H_ABI = r"""#include <cstddef>
+#include <cstdio>
+#include <cuda.h>
+int main() {
+  long v[] = {(long)sizeof(CUlaunchAttribute), (long)offsetof(CUlaunchAttribute, value),
+              (long)sizeof(CUlaunchConfig), (long)offsetof(CUlaunchConfig, hStream),
+              (long)offsetof(CUlaunchConfig, attrs), (long)offsetof(CUlaunchConfig, numAttrs),
+              (long)sizeof(CUtensorMap), (long)alignof(CUtensorMap), CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+              CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+              CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+              CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+              CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, CUDA_ERROR_NO_BINARY_FOR_GPU};
+  for (long x : v) std::printf("%ld\n", x);
+}
+"""
+
+
+def _cuda_include():
+    import shutil
+    from pathlib import Path
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(nvcc).resolve().parent.parent / "include"] if nvcc else []
+    candidates += [Path("/usr/local/cuda/include")]
+    return next((c for c in candidates if (c / "cuda.h").is_file()), None)
+
+
+def test_the_handlers_copy_of_the_driver_abi_is_cuda_h_s(tmp_path):
+    """The handler builds without CUDA headers, so it declares CUlaunchConfig, CUlaunchAttribute, CUtensorMap
+    and the enum values it passes; compiled against cuda.h, the same sizes, offsets and values."""
+    import subprocess
+    from mugraph.jax_ffi import handler_library
+    include = _cuda_include()
+    if include is None:
+        pytest.skip("no CUDA toolkit headers (cuda.h) on this machine")
+    (tmp_path / "abi.cc").write_text(_CUDA_H_ABI)
+    subprocess.run(["g++", "-std=c++17", f"-I{include}", str(tmp_path / "abi.cc"), "-o", str(tmp_path / "abi")],
+                   check=True, capture_output=True)
+    want = [int(v) for v in subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True,
+                                           check=True).stdout.split()]
+    out = (ctypes.c_int64 * 32)()
+    n = handler_library().mg_driver_abi(out, 32)
+    assert list(out[:n]) == want

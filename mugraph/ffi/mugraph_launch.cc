@@ -31,6 +31,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -827,6 +828,21 @@ extern "C" int64_t mg_device_smem_optin(int64_t ordinal) {
       d.device_get_attribute(&value, kDeviceSmemOptin, device))
     return -1;
   return value;
+}
+
+// This file's copy of cuda.h's layouts and constants, in a fixed order (tests compare them with cuda.h's
+// own where a CUDA toolkit is installed): returns how many values it wrote.
+extern "C" int64_t mg_driver_abi(int64_t* out, int64_t size) {
+  const int64_t values[] = {sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+                            sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, stream),
+                            offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, num_attrs),
+                            sizeof(CUtensorMap), alignof(CUtensorMap), kClusterDimension,
+                            kFuncSharedSizeBytes, kMaxDynamicSharedSizeBytes, kRequiredClusterWidth,
+                            kNonPortableClusterSize, kDeviceSmemOptin, kComputeMajor, kComputeMinor,
+                            kNoBinaryForGpu};
+  int64_t n = static_cast<int64_t>(sizeof(values) / sizeof(values[0]));
+  std::copy(values, values + std::min(n, size), out);
+  return n;
 }
 
 // ---- the handler symbols --------------------------------------------------------------------------
