@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# The whole GPU check in one call on a lent GPU machine, in at most 8 minutes: make mugraph importable, record the
-# GPU's clocks, run tests/gpu, calibrate the cost model's table on this GPU into $OUT (bench/gpu.py --calibrate
+# The whole GPU check in one call on a lent GPU machine, in at most 8 minutes. The order, most important first, so a
+# run cut short still answers the questions no CPU can:
+#   1. setup      make mugraph importable, record nvidia-smi and the GPU's clocks
+#   2. hopper     tests/codegen/test_hopper_gpu.py (every workload's sm_90a kernel -- TMA, mbarriers, wgmma -- launched
+#                 by its own driver code, against the interpreter, and the CuPy runtime's launch of it bit for bit) and
+#                 tests/gpu/test_hopper_launch_gpu.py (sm_90a through the CuPy runtime and as_jax("cuda"): tensor
+#                 maps, the producer warpgroup, a split plan with workspace, clusters, the FFI handler's encoding,
+#                 the shared-memory check at load); skipped on a GPU that is not compute capability 9.0
+#   3. pytest     the rest of tests/gpu (runtime, workloads at full size, the path matrix, JAX on the GPU)
+#   4. calibrate, 5. bench, 6. model, 7. model-calibrated, as below.
+# In words: run those tests, calibrate the cost model's table on this GPU into $OUT (bench/gpu.py --calibrate
 # --table: copy bandwidth and idle latency with L2 flushed, launch gaps, L2 and per-SM fill rates), then time every
 # kernel -- the hand-written and the shipped searched ones, both generated with the committed table, so the
 # shipped kernels are the ones timed, plus a CTA-count sweep of the weight-streaming kernels -- each checked
 # against the spec first, against jax.jit of the same function on the same inputs (bench/gpu.py: CUDA events,
 # warm-up, L2 flushed, median of 100; jax.jit timed by events on XLA's stream), and print the model's table with
 # the committed and with the calibrated constants. Logs go to $OUT (default /tmp/mugraph-gpu-check): setup.log,
-# nvidia-smi.txt, clocks.csv, pytest.log, junit.xml, calibrate.log, calibration.json (the calibrated table, to
-# commit), bench.log, bench.json (rewritten after every row), model.txt, model-calibrated.txt.
+# nvidia-smi.txt, clocks.csv, hopper.log, hopper.xml, pytest.log, junit.xml, calibrate.log, calibration.json (the
+# calibrated table, to commit), bench.log, bench.json (rewritten after every row), model.txt, model-calibrated.txt.
 # The device tool's call:  bash bench/gpu_check.sh        (bash bench/gpu_check.sh --plan: the steps and caps)
 #
 # The 8 minutes: every step runs under `timeout` with the smaller of its cap and what is left of BUDGET (470 s)
@@ -28,7 +37,7 @@ PY="${MUGRAPH_PYTHON:-python3}"
 BUDGET=470
 NEEDED="numpy scipy ml_dtypes jax cupy cuda.bindings pytest hypothesis"
 # step: cap in seconds (each also bounded by what is left of BUDGET)
-STEPS="setup:90 pytest:150 calibrate:40 bench:150 model:15 model-calibrated:15"
+STEPS="setup:60 hopper:80 pytest:110 calibrate:35 bench:140 model:15 model-calibrated:15"
 
 cap_of() { local s; for s in $STEPS; do [ "${s%%:*}" = "$1" ] && echo "${s##*:}"; done; }
 
@@ -150,9 +159,16 @@ clocks start
 setup > "$OUT/setup.log" 2>&1
 cat "$OUT/setup.log"
 
-echo "== pytest tests/gpu (at most $(limit pytest) s)"
-timeout "$(limit pytest)" "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=8 \
-  --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+HOPPER_TESTS="tests/codegen/test_hopper_gpu.py tests/gpu/test_hopper_launch_gpu.py"
+echo "== pytest $HOPPER_TESTS (at most $(limit hopper) s)"
+timeout "$(limit hopper)" "$PY" -m pytest $HOPPER_TESTS -q -rs -p no:cacheprovider --durations=8 \
+  --junitxml="$OUT/hopper.xml" 2>&1 | tee "$OUT/hopper.log"
+hopper=$?
+clocks after-hopper
+
+echo "== pytest tests/gpu, the rest (at most $(limit pytest) s)"
+timeout "$(limit pytest)" "$PY" -m pytest tests/gpu --ignore=tests/gpu/test_hopper_launch_gpu.py -q -rs \
+  -p no:cacheprovider --durations=8 --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
 tests=$?
 clocks after-pytest
 
@@ -180,8 +196,9 @@ else
   echo "no calibrated table (calibration exit $calibrate)" | tee "$OUT/model-calibrated.txt"
 fi
 
-echo "== summary after ${SECONDS} s: pytest exit $tests, calibrate exit $calibrate, bench exit $bench"
+echo "== summary after ${SECONDS} s: hopper exit $hopper, pytest exit $tests, calibrate exit $calibrate, bench exit $bench"
 cat "$OUT/clocks.csv"
+grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/hopper.log" | tail -25
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -25
 grep -E "FAILED" "$OUT/bench.log" | head -20
-[ "$tests" -eq 0 ] && [ "$calibrate" -eq 0 ] && [ "$bench" -eq 0 ]
+[ "$hopper" -eq 0 ] && [ "$tests" -eq 0 ] && [ "$calibrate" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -49,6 +49,62 @@ TARGETS: Mapping[str, Target] = MappingProxyType({
     "sm_90a": Target("sm_90a", max_smem_per_block=227 * 1024),  # sm_90 plus wgmma / setmaxnreg
 })
 
+# Shared memory one block may opt in to, per compute capability (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"). The code generator plans for TARGETS; these size the checks of a binary
+# built for another GPU (a launcher reads the device's own limit where it has one).
+SMEM_OPTIN_KB: Mapping[tuple, int] = MappingProxyType({
+    (7, 5): 64, (8, 0): 163, (8, 6): 99, (8, 7): 163, (8, 9): 99, (9, 0): 227, (10, 0): 227, (10, 3): 227,
+    (11, 0): 227, (12, 0): 99, (12, 1): 99})
+UNLISTED_SMEM_KB = 48  # a capability missing above: what every GPU gives a block without opting in
+_ARCH_NAME = re.compile(r"sm_(\d+?)(\d)([af]?)")
+
+
+def compile_target(arch: str) -> Target:
+    """The Target for ``arch``: one of TARGETS, or any ``sm_XY`` (``sm_XYa``, ``sm_XYf``) the compiler supports
+    (``supported_archs``), with the per-block limits of compute capability X.Y. InvalidInput names the supported
+    ones otherwise."""
+    if arch in TARGETS:
+        return TARGETS[arch]
+    m = _ARCH_NAME.fullmatch(str(arch))
+    supported = supported_archs()
+    if m is None or int(m.group(1) + m.group(2)) not in supported:
+        raise InvalidInput(f"unsupported arch {arch!r}",
+                           hint=f"sm_XY for a compute capability the compiler builds for: "
+                                f"{', '.join(f'sm_{n}' for n in supported) or ', '.join(TARGETS)} (an 'a' or 'f' "
+                                "suffix for arch- or family-specific code)")
+    kb = SMEM_OPTIN_KB.get(capability_of(arch), UNLISTED_SMEM_KB)
+    return Target(arch, max_smem_per_block=kb * 1024)
+
+
+def capability_of(arch: str) -> tuple[int, int]:
+    """(major, minor) of ``sm_XY`` / ``sm_XYa`` / ``sm_XYf``: sm_90a -> (9, 0), sm_120 -> (12, 0)."""
+    m = _ARCH_NAME.fullmatch(str(arch))
+    if m is None:
+        raise InvalidInput(f"{arch!r} is not an sm_XY architecture name", hint="e.g. sm_80, sm_90a, sm_120")
+    return int(m.group(1)), int(m.group(2))
+
+
+@functools.cache
+def supported_archs() -> tuple[int, ...]:
+    """The compute capabilities (as ``10 * major + minor``) the compiler can build CUBINs for: NVRTC's own list,
+    else nvcc's, else TARGETS' (the generator's)."""
+    try:
+        from cuda.bindings import nvrtc
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return tuple(sorted(int(a) for a in archs))
+    except Exception:  # ImportError, or cuda-pathfinder's DynamicLibNotFoundError for libnvrtc
+        pass
+    return _nvcc_archs() or tuple(sorted({int(a.removeprefix("sm_").rstrip("af")) for a in TARGETS}))
+
+
+def _nvcc_archs() -> tuple[int, ...]:
+    try:
+        proc = subprocess.run(["nvcc", "--list-gpu-arch"], capture_output=True, text=True)
+    except FileNotFoundError:
+        return ()
+    return tuple(sorted({int(n) for n in re.findall(r"compute_(\d+)\b", proc.stdout)}))
+
 
 @dataclass(frozen=True)
 class KernelResources:
@@ -100,7 +156,8 @@ class CompiledKernel:
 
 def compile_cuda(source: str, arch: str = "sm_80", *, name: str = "kernel", options: Sequence[str] = (),
                  backend: str = "auto", cache_dir: str | os.PathLike | None = None) -> CompiledKernel:
-    """Compile ``source`` for ``arch``; raises CompileError with an excerpt, the log and a repro on failure."""
+    """Compile ``source`` for ``arch`` (any ``compile_target``: the generator's sm_80 / sm_90 / sm_90a, or the
+    sm_XY of another GPU, e.g. sm_120); raises CompileError with an excerpt, the log and a repro on failure."""
     _check_arguments(arch, name, backend)
     options = tuple(options)
     backend = _resolve_backend(backend)
@@ -130,8 +187,7 @@ _MEMO_LOCK = threading.Lock()
 
 
 def _check_arguments(arch: str, name: str, backend: str) -> None:
-    if arch not in TARGETS:
-        raise InvalidInput(f"unsupported arch {arch!r}", hint=f"supported: {', '.join(TARGETS)}")
+    compile_target(arch)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise InvalidInput(f"name {name!r} must be a C identifier (it names the .cu file in logs and repros)")
     if backend not in BACKENDS:

@@ -1,6 +1,12 @@
 """Run a generated μGraph on a GPU through CuPy: compile its CUDA to a CUBIN with NVRTC, load it, bind arrays,
 launch the plan's kernels in order on the current stream, and capture the whole plan as a CUDA graph.
 
+What is generated and built follows the device (``codegen.device``): sm_80 code on 8.x, sm_90a's TMA + wgmma on
+9.0, sm_90's on newer GPUs in a CUBIN NVRTC builds for the GPU's own arch (its PTX, JIT-compiled by the driver,
+where NVRTC cannot), planned within the device's shared memory per block. Launches with TMA tensor maps (encoded
+with the driver for the bound buffers' addresses, passed by value after the pointers) or thread-block clusters go
+through ``cuLaunchKernelEx`` (cuda-bindings); the others through CuPy.
+
 Arrays: CuPy arrays are used as they are, JAX (and other DLPack) GPU arrays without a copy, NumPy arrays are
 copied to the device. Outputs, intermediates and the plan's workspace (split partials and counters,
 ``LaunchPlan.workspace``) live in buffers allocated once per kernel, device and stream, zeroed where the plan says
@@ -10,24 +16,27 @@ fresh ones). Threads may share a GpuKernel when each launches on its own stream.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from mugraph.codegen.compile import RUNTIME_DIR, TARGETS, CompiledKernel, compile_cuda
+from mugraph.codegen import device as dev
+from mugraph.codegen.compile import TARGETS, CompiledKernel, compile_cuda, compile_target
 from mugraph.codegen.library_ops import library_op
 from mugraph.ir.cache_dir import usable_dir
 from mugraph.ir.errors import InvalidGraph, InvalidInput, NoDevice, ResourceError
 from mugraph.ir.settings import settings
 
 DEFAULT_SMEM_BYTES = 48 * 1024  # what a block may use before opting in to more dynamic shared memory
-ARCH_BY_MAJOR = {8: "sm_80", 9: "sm_90"}  # a CUBIN runs on its own major version only
-TARGET_ARCHS = {"a100": "sm_80", "h100": "sm_90", "h200": "sm_90"}
+TARGET_ARCHS = {"a100": "sm_80", "h100": "sm_90a", "h200": "sm_90a"}  # the cost model's GPUs and their code
+MAX_PORTABLE_CLUSTER = 8  # larger thread-block clusters need the kernel's non-portable-size attribute
 _DLPACK_CPU = 1  # DLDeviceType kDLCPU
 _WITHOUT_GPU = ("without a GPU, Kernel.run_reference(*arrays) runs the μGraph in the reference interpreter "
                 "(float64), and mugraph.codegen.run_on_cpu(graph, arrays) runs the generated CUDA on the CPU "
@@ -57,11 +66,18 @@ def require_gpu() -> None:
                        hint=_WITHOUT_GPU)
 
 
-def device_arch(device_id: int | None = None) -> str | None:
-    """The arch whose CUBINs run on the device (sm_80 for 8.x, sm_90 for 9.x), or None for any other."""
+def device_build(device_id: int | None = None) -> dev.DeviceArch:
+    """What to generate and build for the device (``codegen.device.for_device``), with its own shared-memory
+    limit."""
     import cupy
     device = cupy.cuda.Device(device_id)
-    return ARCH_BY_MAJOR.get(int(device.compute_capability) // 10)
+    return dev.for_device(str(device.compute_capability), _smem_optin_limit(device.id))
+
+
+def device_arch(device_id: int | None = None) -> str:
+    """The generator's arch for the device: sm_80 for 8.x, sm_90a for 9.0, sm_90 for newer GPUs."""
+    import cupy
+    return dev.codegen_arch(str(cupy.cuda.Device(device_id).compute_capability))
 
 
 def device_name(device_id: int | None = None) -> str:
@@ -71,10 +87,13 @@ def device_name(device_id: int | None = None) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _smem_optin_limit(device_id: int, arch: str) -> int:
+def _smem_optin_limit(device_id: int) -> int:
     import cupy
-    attributes = cupy.cuda.Device(device_id).attributes
-    return int(attributes.get("MaxSharedMemoryPerBlockOptin", TARGETS[arch].max_smem_per_block))
+    device = cupy.cuda.Device(device_id)
+    limit = device.attributes.get("MaxSharedMemoryPerBlockOptin")
+    if limit is None:  # an old CuPy: the compute capability's table entry
+        limit = dev.for_device(str(device.compute_capability)).smem_limit
+    return int(limit)
 
 
 # ---- loading -------------------------------------------------------------------------------------------------------
@@ -82,39 +101,43 @@ def _smem_optin_limit(device_id: int, arch: str) -> int:
 def load_kernel(graph, *, target: str | None = None, arch: str | None = None) -> "GpuKernel":
     """Generate, compile and load ``graph`` on the current device.
 
-    ``arch`` defaults to the device's (sm_80 for compute capability 8.x, sm_90 for 9.x); a CUBIN runs only on its
-    own major version, so another arch is refused. ``target`` ("a100", "h100", "h200") names the cost model's GPU
-    and is accepted for the Kernel API; the binary is always built for the device that is present.
+    ``arch`` defaults to the device's code path (``codegen.device``: sm_80 for 8.x, sm_90a for 9.0, sm_90 for newer
+    GPUs, planned within the device's shared memory, built by NVRTC for the device's own arch where the
+    generator's CUBIN does not run there); another arch must build a CUBIN that runs on the device. ``target``
+    ("a100", "h100", "h200") names the cost model's GPU and is accepted for the Kernel API; the binary is always
+    built for the device that is present.
     """
     require_gpu()
     if target is not None and target.lower() not in TARGET_ARCHS:
         raise InvalidInput(f"unknown target {target!r}", hint=f"one of: {', '.join(TARGET_ARCHS)}")
-    arch = _choose_arch(arch, device_arch())
-    from mugraph.codegen import generate  # the renderer: imported only when a kernel is needed
-    kernel = GpuKernel(generate(graph, arch=arch), graph=graph)
+    device = device_build()
+    if arch is None:
+        kernel = GpuKernel(dev.generate_for(graph, device), graph=graph, binary_arch=device.binary)
+    else:
+        from mugraph.codegen import generate  # the renderer: imported only when a kernel is needed
+        kernel = GpuKernel(generate(graph, arch=_choose_arch(arch, device)), graph=graph)
     kernel.load()
     return kernel
 
 
-def _choose_arch(arch: str | None, present: str | None) -> str:
+def _choose_arch(arch: str | None, device: dev.DeviceArch | None) -> str:
+    """``arch`` (default: the device's code path) when the generator knows it and its CUBIN runs on ``device``."""
     if arch is None:
-        return present or "sm_90"  # newer GPUs: the sm_90 flavour, compiled by CuPy for the device (see _load)
+        return device.codegen if device is not None else "sm_90a"
     if arch not in TARGETS:
         raise InvalidInput(f"unsupported arch {arch!r}", hint=f"supported: {', '.join(TARGETS)}")
-    if present is not None and _major(arch) != _major(present):
-        raise InvalidInput(f"a {arch} binary cannot run on this {present} device",
-                           hint="leave arch unset to build for the device present")
+    if device is not None and not dev.cubin_runs(arch, device.capability):
+        cc = "%d.%d" % device.capability
+        raise InvalidInput(f"a {arch} binary cannot run on this compute capability {cc} device",
+                           hint=f"leave arch unset to build for the device present ({device.codegen} code)")
     return arch
 
 
-def _major(arch: str) -> int:
-    return int(arch.removeprefix("sm_").rstrip("a")) // 10
-
-
-def cubin_path(cubin: bytes) -> Path:
-    """A file holding ``cubin`` in mugraph's cache, named by its content (CuPy loads CUBINs from files)."""
+def cubin_path(cubin: bytes, suffix: str = ".cubin") -> Path:
+    """A file holding ``cubin`` (or PTX, ``suffix=".ptx"``) in mugraph's cache, named by its content (CuPy loads
+    modules from files)."""
     folder = usable_dir(Path(settings.cache_dir) / "cubin", "CUBIN files")
-    path = folder / f"{hashlib.sha256(cubin).hexdigest()[:32]}.cubin"
+    path = folder / f"{hashlib.sha256(cubin).hexdigest()[:32]}{suffix}"
     if not path.is_file() or path.stat().st_size != len(cubin):
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(cubin)
@@ -129,10 +152,11 @@ def load_cubin(cubin: bytes, names: Sequence[str]) -> dict[str, Any]:
     return {name: module.get_function(name) for name in names}
 
 
-def compile_with_cupy(source: str, names: Sequence[str]) -> dict[str, Any]:
-    """CuPy's own NVRTC path, for the device present: the fallback when no CUBIN of ours can be loaded."""
+def load_ptx(ptx: str, names: Sequence[str]) -> dict[str, Any]:
+    """Load PTX on the current device: the driver JIT-compiles it for the GPU (the fallback where NVRTC cannot
+    build a CUBIN for it)."""
     import cupy
-    module = cupy.RawModule(code=source, options=("-std=c++17", f"-I{RUNTIME_DIR}"), backend="nvrtc")
+    module = cupy.RawModule(path=str(cubin_path(ptx.encode(), ".ptx")))
     return {name: module.get_function(name) for name in names}
 
 
@@ -173,10 +197,108 @@ def to_device(x, name: str, device_id: int):
 # ---- launches ------------------------------------------------------------------------------------------------------
 
 def _custom_step(state: "_DeviceState", launch, buffers: Mapping[str, Any]) -> Callable:
+    """One custom kernel's launch on the current stream: through CuPy, or through the driver where the launch
+    takes tensor maps (encoded here, for the bound buffers' addresses) or a thread-block cluster."""
     function = state.functions[launch.name]
     args = tuple(buffers[a] for a in launch.args)
     grid, block, smem = tuple(launch.grid), tuple(launch.block), int(launch.smem_bytes)
-    return lambda: function(grid, block, args, shared_mem=smem)
+    if not needs_driver_launch(launch):
+        return lambda: function(grid, block, args, shared_mem=smem)
+    import cupy
+    maps = [m.encode_cuda(buffers[m.buffer].data.ptr) for m in launch.tensor_maps]
+    params = KernelParams([a.data.ptr for a in args], maps)
+    cluster = tuple(launch.cluster) if state.cluster_at_launch.get(launch.name) else (1, 1, 1)
+    handle = function.kernel.ptr
+    return lambda: driver_launch(handle, launch_config(launch, cupy.cuda.get_current_stream().ptr, cluster),
+                                 params, launch.name)
+
+
+# ---- launches CuPy cannot make: tensor maps by value, thread-block clusters -----------------------------------------
+
+def needs_driver_launch(launch) -> bool:
+    """A launch that passes tensor maps (128 bytes by value) or runs in thread-block clusters."""
+    return bool(launch.tensor_maps) or tuple(launch.cluster) != (1, 1, 1)
+
+
+class KernelParams:
+    """A kernel's arguments as cuLaunchKernel(Ex) reads them: every pointer (8 bytes), then every tensor map (128
+    bytes, 128-byte aligned like CUtensorMap), and the array of their addresses (``address``: ``kernelParams``).
+    ``values()`` reads them back through that array."""
+
+    def __init__(self, pointers: Sequence[int], maps: Sequence[bytes] = ()):
+        from mugraph.codegen.tma import MAP_BYTES
+        if any(len(m) != MAP_BYTES for m in maps):
+            raise InvalidInput(f"a tensor map argument is {MAP_BYTES} bytes, got {[len(m) for m in maps]}")
+        self._values = [ctypes.c_void_p(int(p)) for p in pointers] + [_aligned(m, 128) for m in maps]
+        self._array = (ctypes.c_void_p * max(1, len(self._values)))(*[ctypes.addressof(v) for v in self._values])
+        self.sizes = tuple([8] * len(pointers) + [len(m) for m in maps])
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self._array)
+
+    def values(self) -> list[bytes]:
+        """Each argument's bytes, read through the address array the driver gets."""
+        return [ctypes.string_at(self._array[i], n) for i, n in enumerate(self.sizes)]
+
+
+def _aligned(data: bytes, align: int):
+    raw = (ctypes.c_uint8 * (len(data) + align))()
+    view = (ctypes.c_uint8 * len(data)).from_buffer(raw, -ctypes.addressof(raw) % align)  # keeps ``raw`` alive
+    ctypes.memmove(view, data, len(data))
+    return view
+
+
+def launch_config(launch, stream: int, cluster=(1, 1, 1)):
+    """cuLaunchKernelEx's CUlaunchConfig for ``launch`` on ``stream`` (a CUstream handle), with the cluster
+    dimension attribute where ``cluster`` is not (1, 1, 1) (kernels without compiled ``__cluster_dims__``)."""
+    from cuda.bindings import driver
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (int(n) for n in launch.grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = (int(n) for n in launch.block)
+    config.sharedMemBytes = int(launch.smem_bytes)
+    config.hStream = driver.CUstream(int(stream))
+    attributes = []
+    if tuple(cluster) != (1, 1, 1):
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        dims = attribute.value.clusterDim
+        dims.x, dims.y, dims.z = (int(n) for n in cluster)
+        attributes.append(attribute)
+    config.attrs = attributes
+    config.numAttrs = len(attributes)
+    return config
+
+
+def driver_launch(function: int, config, params: KernelParams, name: str) -> None:
+    """cuLaunchKernelEx of the CUfunction handle ``function``; a failure raises ResourceError naming the kernel."""
+    from cuda.bindings import driver
+    (err,) = driver.cuLaunchKernelEx(config, driver.CUfunction(int(function)), params.address, 0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ResourceError(f"cuLaunchKernelEx({name}) failed: {err.name}",
+                            hint="grid, block, cluster and shared memory as the plan says; see the launch plan")
+
+
+def compiled_cluster(function: int) -> tuple:
+    """The ``__cluster_dims__`` a kernel was compiled with, (0, 0, 0) if none (the launch then sets them)."""
+    from cuda.bindings import driver
+    attribute = driver.CUfunction_attribute
+    dims = []
+    for which in ("WIDTH", "HEIGHT", "DEPTH"):
+        err, value = driver.cuFuncGetAttribute(getattr(attribute, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{which}"),
+                                               driver.CUfunction(int(function)))
+        dims.append(int(value) if err == driver.CUresult.CUDA_SUCCESS else 0)
+    return tuple(dims)
+
+
+def allow_large_clusters(function: int) -> None:
+    """Clusters of more than MAX_PORTABLE_CLUSTER blocks (up to 16 on sm_90) need the kernel's opt-in."""
+    from cuda.bindings import driver
+    (err,) = driver.cuFuncSetAttribute(driver.CUfunction(int(function)),
+                                       driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                       1)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ResourceError(f"this GPU refuses clusters of more than {MAX_PORTABLE_CLUSTER} blocks ({err.name})")
 
 
 def _library_step(state: "_DeviceState", launch, buffers: Mapping[str, Any]) -> Callable:
@@ -257,7 +379,8 @@ def capture(bound: Sequence[BoundLaunch], repeat: int = 1, stream=None) -> Captu
 class _DeviceState:
     device_id: int
     functions: Mapping[str, Any]   # cupy.RawKernel per custom kernel name
-    loader: str                    # "cubin" (our NVRTC build) or "cupy-nvrtc (reason)"
+    loader: str                    # "cubin", "nvrtc sm_XY (why)" or "ptx-jit (why)": see GpuKernel.loader
+    cluster_at_launch: Mapping[str, bool] = field(default_factory=dict)  # kernel -> its cluster is a launch attribute
     streams: dict = field(default_factory=dict)  # stream handle -> _StreamState
 
 
@@ -287,25 +410,27 @@ class GpuKernel:
     """A generated module (CUDA source + launch plan) ready to run on GPUs.
 
     Built without a GPU it only compiles and checks its plan; ``load()`` / calls need one. ``graph`` (optional)
-    names the inputs in error messages.
+    names the inputs in error messages. ``binary_arch``: the arch its CUBIN is built for (default: the module's;
+    ``codegen.device`` picks the device's own where the module's CUBIN does not run there); a device the CUBIN
+    does not run on gets one built by NVRTC for its own arch at load, else the PTX (``loader()`` says which).
     """
 
-    def __init__(self, module, *, graph=None, compiled: CompiledKernel | None = None):
+    def __init__(self, module, *, graph=None, compiled: CompiledKernel | None = None, binary_arch: str | None = None):
         self.module, self.graph = module, graph
         self.plan, self.source, self.arch = module.plan, module.source, module.arch
+        self.binary_arch = binary_arch or (compiled.arch if compiled is not None else module.arch)
         self._buffers = {b.name: b for b in self.plan.buffers}
         self._custom = sorted({k.name for k in self.plan.kernels if k.kind == "custom"})
-        self.compiled = compiled if compiled is not None else self._compile()
+        self.compiled = compiled if compiled is not None else self._compile(self.binary_arch)
         self._input_names = tuple(graph.input_names) if graph is not None else tuple(self.plan.inputs)
-        check_plan(self.plan, self.compiled, self.arch)
+        check_plan(self.plan, self.compiled, self.binary_arch)
         self._states: dict[int, _DeviceState] = {}
         self._lock = threading.Lock()  # guards the creation of device and stream states
 
-    def _compile(self) -> CompiledKernel | None:
-        if not self._custom or self.arch not in TARGETS:
+    def _compile(self, arch: str) -> CompiledKernel | None:
+        if not self._custom:
             return None
-        return compile_cuda(self.source, self.arch, name="mugraph_kernel",
-                            cache_dir=Path(settings.cache_dir) / "nvrtc")
+        return compile_cuda(self.source, arch, name="mugraph_kernel", cache_dir=Path(settings.cache_dir) / "nvrtc")
 
     # -- inputs --
     def check_inputs(self, arrays: Sequence) -> None:
@@ -360,24 +485,33 @@ class GpuKernel:
         return len(state.streams) if state else 0
 
     def _load(self, device_id: int) -> _DeviceState:
-        functions, loader = self._load_functions(device_id)
-        self._check_device_limits(device_id, functions)
+        device = device_build(device_id)
+        functions, loader = self._load_functions(device)
+        self._check_device_limits(device_id, device, functions)
         for name, smem in self._dynamic_smem().items():
             if smem > DEFAULT_SMEM_BYTES:
                 functions[name].max_dynamic_shared_size_bytes = smem
-        return _DeviceState(device_id, functions, loader)
+        return _DeviceState(device_id, functions, loader, self._clusters(functions))
 
-    def _load_functions(self, device_id: int) -> tuple[dict, str]:
+    def _load_functions(self, device: dev.DeviceArch) -> tuple[dict, str]:
+        """The CUBIN where it runs on the device; else one NVRTC builds for the device's own arch; else the PTX,
+        compiled by the driver's JIT (with a warning saying why)."""
         if not self._custom:
             return {}, "none"
-        if self.compiled is not None and device_arch(device_id) == self.arch:
+        cc = "%d.%d" % device.capability
+        if self.compiled is not None and dev.cubin_runs(self.compiled.arch, device.capability):
             try:
                 return load_cubin(self.compiled.cubin, self._custom), "cubin"
             except Exception as e:  # a driver older than the NVRTC that built the CUBIN, say
-                reason = f"{type(e).__name__}: {e}"
+                reason = f"the {self.compiled.arch} CUBIN did not load ({type(e).__name__}: {e})"
         else:
-            reason = f"no {self.arch} CUBIN fits this device"
-        return compile_with_cupy(self.source, self._custom), f"cupy-nvrtc ({reason})"
+            reason = f"a {self.binary_arch} CUBIN does not run on compute capability {cc}"
+        if not device.jit and device.binary != self.binary_arch:
+            built = self._compile(device.binary)
+            return load_cubin(built.cubin, self._custom), f"nvrtc {device.binary} ({reason})"
+        ptx = self.compiled.ptx if self.compiled is not None else ""
+        warnings.warn(f"mugraph: {reason}; loading its PTX ({device.note()})", RuntimeWarning, stacklevel=3)
+        return load_ptx(ptx, self._custom), f"ptx-jit ({reason}; {device.note()})"
 
     def _dynamic_smem(self) -> dict[str, int]:
         smem: dict[str, int] = {}
@@ -386,14 +520,27 @@ class GpuKernel:
                 smem[k.name] = max(smem.get(k.name, 0), int(k.smem_bytes))
         return smem
 
-    def _check_device_limits(self, device_id: int, functions) -> None:
-        limit = _smem_optin_limit(device_id, self.arch if self.arch in TARGETS else "sm_90")
-        for name, smem in self._dynamic_smem().items():
-            static = int(functions[name].shared_size_bytes)
-            if static + smem > limit:
-                raise ResourceError(f"kernel {name!r} needs {static} + {smem} bytes of shared memory (static + "
-                                    f"dynamic); GPU {device_id} allows {limit} per block",
-                                    hint="the search should have rejected this candidate: check its target")
+    def _check_device_limits(self, device_id: int, device: dev.DeviceArch, functions) -> None:
+        static = {name: int(functions[name].shared_size_bytes) for name in self._custom}
+        dev.check_shared_memory(self._dynamic_smem(), static, device.smem_limit,
+                                f"GPU {device_id} (compute capability {device.capability[0]}.{device.capability[1]})")
+
+    def _clusters(self, functions) -> dict[str, bool]:
+        """Per clustered kernel: whether the launch sets its cluster (True) or the kernel was compiled with it
+        (``__cluster_dims__``, which must then match the plan's, as the CPU harness runs the plan's)."""
+        at_launch = {}
+        for k in self.plan.kernels:
+            if k.kind != "custom" or tuple(k.cluster) == (1, 1, 1):
+                continue
+            handle = functions[k.name].kernel.ptr
+            compiled = compiled_cluster(handle)
+            if any(compiled) and compiled != tuple(k.cluster):
+                raise InvalidGraph(f"kernel {k.name!r} was compiled for clusters of {compiled} blocks, the plan "
+                                   f"launches {tuple(k.cluster)}", field="plan.kernels.cluster")
+            if np.prod(k.cluster) > MAX_PORTABLE_CLUSTER:
+                allow_large_clusters(handle)
+            at_launch[k.name] = not any(compiled)
+        return at_launch
 
     # -- launching --
     def bind(self, *arrays) -> BoundLaunch:
@@ -434,7 +581,8 @@ class GpuKernel:
         return capture([bound], repeat, stream)
 
     def loader(self, device_id: int | None = None) -> str | None:
-        """How the module was loaded on a device: "cubin", "cupy-nvrtc (why)", or None if not yet."""
+        """How the module was loaded on a device: "cubin" (the one built with it), "nvrtc sm_XY (why)" (built at
+        load for the device's own arch), "ptx-jit (why)" (the driver compiled the PTX), or None if not yet."""
         if device_id is None:
             import cupy
             device_id = cupy.cuda.Device().id
@@ -480,9 +628,26 @@ def _check_launch(launch, where: str, roles: Mapping[str, str], compiled, arch: 
         raise InvalidGraph(f"the source has no entry function {launch.name!r}", field=f"{where}.name",
                            hint=f"entry functions: {', '.join(sorted(compiled.kernels)) or '(none)'}")
     threads = int(np.prod(launch.block))
-    limit = TARGETS[arch].max_smem_per_block if arch in TARGETS else TARGETS["sm_90"].max_smem_per_block
+    limit = compile_target(arch).max_smem_per_block
     if threads > 1024:
         raise ResourceError(f"{where} ({launch.name}) launches {threads} threads per block; at most 1024")
     if not 0 <= launch.smem_bytes <= limit:
         raise ResourceError(f"{where} ({launch.name}) asks for {launch.smem_bytes} bytes of dynamic shared "
                             f"memory; {arch} allows {limit} per block")
+    _check_cluster(launch, where)
+    for j, m in enumerate(launch.tensor_maps):
+        if roles.get(m.buffer) is None:
+            raise InvalidGraph(f"tensor map over no buffer {m.buffer!r}", field=f"{where}.tensor_maps[{j}]")
+
+
+MAX_CLUSTER = 16  # blocks in one thread-block cluster, non-portable (sm_90)
+
+
+def _check_cluster(launch, where: str) -> None:
+    cluster = tuple(int(n) for n in launch.cluster)
+    if len(cluster) != 3 or min(cluster) < 1 or int(np.prod(cluster)) > MAX_CLUSTER:
+        raise InvalidGraph(f"cluster {cluster} must be 3 extents of at least 1 with at most {MAX_CLUSTER} blocks",
+                           field=f"{where}.cluster")
+    if any(g % c for g, c in zip(launch.grid, cluster)):
+        raise InvalidGraph(f"grid {tuple(launch.grid)} is not a whole number of {cluster} clusters",
+                           field=f"{where}.cluster", hint="each grid extent must be a multiple of the cluster's")

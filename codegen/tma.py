@@ -1,8 +1,10 @@
 """TMA tensor maps: codegen's description of each map a kernel takes (the tensor it views, its dims and strides, the
 box one copy moves, the element type, the swizzle), checked against TMA's rules, and its two encodings: the CPU
 harness's (what cuda_cpu_shim.h's TensorMap reads) and the driver's CUtensorMap (``cuTensorMapEncodeTiled``, for the
-launchers on a GPU). A map depends on the tensor's address, so launchers encode it at each launch and pass its 128
-bytes by value (the kernel parameter is ``const __grid_constant__``)."""
+launchers on a GPU). A map depends on the tensor's address, so launchers encode it for the buffer they launch on and
+pass its 128 bytes by value after the pointer arguments (the kernel parameter is ``const __grid_constant__``). The
+driver's arguments are one record (``DriverArgs``): the CuPy launcher hands them to cuda-bindings, the XLA FFI handler
+receives them without the address as a custom call attribute (``record``) and calls the driver itself."""
 from __future__ import annotations
 
 import struct
@@ -18,11 +20,35 @@ MAX_BOX = 256
 CPU_MAGIC = 0x31304D414D544D47  # "MGTMAP01" read as a little-endian uint64 (cuda_cpu_shim.h kTensorMapMagic)
 _CPU_LAYOUT = struct.Struct("<QQIIII5I5I5Q")  # magic, global, rank, elem bytes, swizzle width, 0, dims, box, strides
 
-# CUtensorMapDataType member names per dtype (cuda.h)
-_DRIVER_DTYPE = {DType.FLOAT16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", DType.BFLOAT16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-                 DType.FLOAT32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
-_DRIVER_SWIZZLE = {16: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
-                   64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+# cuda.h's enum values: CUtensorMapDataType per dtype (the swizzle's is SwizzleMode.tma_code), and the
+# interleave, L2 promotion and out-of-bounds fill every map here takes
+DRIVER_DTYPE = {DType.FLOAT16: 6, DType.FLOAT32: 7, DType.BFLOAT16: 9}
+INTERLEAVE_NONE, L2_PROMOTION_128B, OOB_FILL_NONE = 0, 2, 0
+RECORD_FIELDS = 4 * MAX_RANK + 6  # a record: dtype, rank, dims, strides, box, element strides (MAX_RANK each), 4 enums
+
+
+@dataclass(frozen=True)
+class DriverArgs:
+    """``cuTensorMapEncodeTiled``'s arguments for one map, in its order: ``strides`` are the rank - 1 outer ones
+    (bytes), the other tuples have ``rank`` entries, innermost first."""
+
+    dtype: int
+    rank: int
+    address: int
+    dims: tuple
+    strides: tuple
+    box: tuple
+    element_strides: tuple
+    interleave: int
+    swizzle: int
+    l2_promotion: int
+    oob_fill: int
+
+    def flat(self) -> tuple:
+        """Every argument as one tuple of integers, in the driver's order (what the FFI handler's decoder, mugraph
+        ffi ``mg_tensor_map_args``, writes for the same map)."""
+        return (self.dtype, self.rank, self.address, *self.dims, *self.strides, *self.box, *self.element_strides,
+                self.interleave, self.swizzle, self.l2_promotion, self.oob_fill)
 
 
 @dataclass(frozen=True)
@@ -72,6 +98,20 @@ class TensorMapSpec:
                                 *pad(self.dims, 1), *pad(self.box, 1), *pad(self.strides, 0))
         return data + bytes(MAP_BYTES - len(data))
 
+    def driver_args(self, address: int) -> DriverArgs:
+        """The driver's arguments for the tensor at device ``address`` (no driver needed)."""
+        return DriverArgs(DRIVER_DTYPE[self.dtype], self.rank, int(address), tuple(self.dims),
+                          tuple(self.strides[1:]), tuple(self.box), (1,) * self.rank, INTERLEAVE_NONE,
+                          self.swizzle.tma_code, L2_PROMOTION_128B, OOB_FILL_NONE)
+
+    def record(self) -> tuple:
+        """``driver_args`` but the address, each tuple padded to MAX_RANK entries with zeros: RECORD_FIELDS integers,
+        the compact form an XLA custom call carries (the FFI handler encodes it at launch for the buffer's address)."""
+        a = self.driver_args(0)
+        pad = lambda values: tuple(values) + (0,) * (MAX_RANK - len(values))
+        return (a.dtype, a.rank, *pad(a.dims), *pad(a.strides), *pad(a.box), *pad(a.element_strides),
+                a.interleave, a.swizzle, a.l2_promotion, a.oob_fill)
+
     def encode_cuda(self, address: int) -> bytes:
         """The driver's CUtensorMap (128 bytes) for the tensor at device ``address``: what a GPU launcher passes
         for this parameter. Needs the CUDA driver (cuda-bindings and a GPU)."""
@@ -80,13 +120,12 @@ class TensorMapSpec:
         except ImportError as e:
             raise NoDevice("encoding a tensor map needs cuda-bindings", hint="pip install cuda-bindings") from e
         import ctypes
-        enum = driver.CUtensorMapDataType
+        a = self.driver_args(address)
         err, tmap = driver.cuTensorMapEncodeTiled(
-            getattr(enum, _DRIVER_DTYPE[self.dtype]), self.rank, address, list(self.dims), list(self.strides[1:]),
-            list(self.box), [1] * self.rank, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            getattr(driver.CUtensorMapSwizzle, _DRIVER_SWIZZLE[self.swizzle.width]),
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+            driver.CUtensorMapDataType(a.dtype), a.rank, a.address, list(a.dims), list(a.strides), list(a.box),
+            list(a.element_strides), driver.CUtensorMapInterleave(a.interleave),
+            driver.CUtensorMapSwizzle(a.swizzle), driver.CUtensorMapL2promotion(a.l2_promotion),
+            driver.CUtensorMapFloatOOBfill(a.oob_fill))
         if err != driver.CUresult.CUDA_SUCCESS:
             raise InvalidInput(f"cuTensorMapEncodeTiled failed ({err.name}) for {self}",
                                hint="the map's rules are checked on construction; the address must be 16-byte "

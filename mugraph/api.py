@@ -89,10 +89,13 @@ class Kernel:
         return _single(ir.interpret(self.graph, self._inputs(arrays, cast)))
 
     def run_on_cpu(self, *arrays, cast: bool = False):
-        """Run the generated CUDA on the CPU harness (slow; for testing the emitted kernel).
-        Outputs and inputs as `run_reference`, in the kernel's own dtypes."""
+        """Run the generated CUDA on the CPU harness (slow; for testing the emitted kernel), generated
+        for the target's arch (sm_90a's TMA + wgmma code for h100 / h200). Outputs and inputs as
+        `run_reference`, in the kernel's own dtypes."""
         from mugraph.codegen import run_on_cpu
-        return _single(run_on_cpu(self.graph, self._inputs(arrays, cast)))
+        from mugraph.search.targets import get_target
+        arch = get_target(self.target).arch
+        return _single(run_on_cpu(self.graph, self._inputs(arrays, cast), arch=arch))
 
     def _inputs(self, arrays, cast: bool) -> list:
         """The arrays as NumPy, checked against the kernel's inputs (count, shape, dtype)."""

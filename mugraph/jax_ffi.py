@@ -1,6 +1,13 @@
 """The GPU side of the JAX integration: custom kernels launched from their NVRTC CUBIN by an XLA FFI
 handler (`ffi/mugraph_launch.cc`) on XLA's own stream, with no copies through CuPy.
 
+What is built for the GPU is `codegen.device`'s decision: sm_90a code (TMA, wgmma) on 9.0, sm_80 code
+on 8.x, sm_90's on newer majors, each CUBIN built by NVRTC for an arch that runs on the GPU (its own
+where the generator's does not), planned within the GPU's shared memory per block. A launch passes
+the plan's block (a TMA pipeline's producer warpgroup included), its cluster, and a compact
+description of each TMA tensor map (`tma.TensorMapSpec.record`), which the handler encodes with
+`cuTensorMapEncodeTiled` for the buffer XLA hands over and passes by value after the pointers.
+
 The handler is built with g++ against jaxlib's FFI headers (no CUDA toolkit needed), cached by
 content like the CPU-harness builds, and registered with JAX once per process. A custom call names
 its module by content (SHA-256 of CUBIN and PTX), so an executable from the persistent compilation
@@ -17,6 +24,7 @@ import hashlib
 import os
 import subprocess
 import threading
+import warnings
 from pathlib import Path
 
 import jax
@@ -29,6 +37,11 @@ WORKSPACE_TARGET = "mugraph_launch_ws"  # plans with workspace: XLA's scratch al
 TARGETS = {TARGET: ("MugraphInitialize", "MugraphLaunch"),
            WORKSPACE_TARGET: ("MugraphInitializeWorkspace", "MugraphLaunchWorkspace")}
 EVENT_TARGET = "mugraph_record_event"   # a timing mark on XLA's stream (bench/gpu.py)
+# On the CPU: what a launch target would launch, decoded by the same handler code (see describe_launch)
+DESCRIBE_TARGETS = {TARGET: ("mugraph_describe", "MugraphDescribe"),
+                    WORKSPACE_TARGET: ("mugraph_describe_ws", "MugraphDescribeWorkspace")}
+_EXPORTS = ("MugraphRecordEvent", "mg_find_module", "mg_tensor_map_args", "mg_encode_tensor_map",
+            "mg_device_smem_optin", "mg_driver_abi")
 SOURCE = Path(__file__).resolve().parent / "ffi" / "mugraph_launch.cc"
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wno-return-type")
 _LOCK = threading.Lock()
@@ -70,8 +83,8 @@ def _loads(so: Path) -> bool:
         return False
     try:
         lib = ctypes.CDLL(str(so))
-        for symbol in (*(name for pair in TARGETS.values() for name in pair), "MugraphRecordEvent",
-                       "mg_find_module"):
+        for symbol in (*(name for pair in TARGETS.values() for name in pair),
+                       *(symbol for _, symbol in DESCRIBE_TARGETS.values()), *_EXPORTS):
             getattr(lib, symbol)
         return True
     except (OSError, AttributeError):
@@ -93,12 +106,25 @@ def handler_library() -> ctypes.CDLL:
     lib.mg_find_module.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
     lib.mg_find_module.restype = ctypes.c_int64
     lib.mg_module_count.restype = ctypes.c_int64
+    words, text = ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p
+    lib.mg_tensor_map_args.argtypes = [words, ctypes.c_int64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.c_int64, text, ctypes.c_int64]
+    lib.mg_tensor_map_args.restype = ctypes.c_int64
+    lib.mg_encode_tensor_map.argtypes = [words, ctypes.c_int64, ctypes.c_uint64, ctypes.c_char_p, text,
+                                         ctypes.c_int64]
+    lib.mg_encode_tensor_map.restype = ctypes.c_int64
+    lib.mg_device_smem_optin.argtypes = [ctypes.c_int64]
+    lib.mg_device_smem_optin.restype = ctypes.c_int64
+    lib.mg_driver_abi.argtypes = [words, ctypes.c_int64]
+    lib.mg_driver_abi.restype = ctypes.c_int64
     lib.mg_set_registry(str(registry_dir()).encode())
     for target, (initialize, execute) in TARGETS.items():
         jax.ffi.register_ffi_target(target, {"initialize": jax.ffi.pycapsule(getattr(lib, initialize)),
                                              "execute": jax.ffi.pycapsule(getattr(lib, execute))},
                                     platform="CUDA")
     jax.ffi.register_ffi_target(EVENT_TARGET, jax.ffi.pycapsule(lib.MugraphRecordEvent), platform="CUDA")
+    for name, symbol in DESCRIBE_TARGETS.values():
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib
 
 
@@ -171,34 +197,71 @@ def find_module(name: str) -> str | None:
         why.value.decode()
 
 
+# ---- tensor maps, as the handler encodes them --------------------------------------------------------------
+def tensor_map_args(record, address: int) -> tuple:
+    """The arguments the handler passes `cuTensorMapEncodeTiled` for one `tensor_maps` record (buffer kind and
+    index, then `TensorMapSpec.record()`) at `address`, in `DriverArgs.flat()`'s order (needs no GPU).
+    InvalidInput with the handler's message when it refuses the record."""
+    values, out, why = _words(record), (ctypes.c_uint64 * 64)(), ctypes.create_string_buffer(512)
+    n = handler_library().mg_tensor_map_args(values, len(record), address, out, len(out), why, len(why))
+    if n < 0:
+        raise InvalidInput(f"the FFI handler refuses the tensor map record: {why.value.decode()}")
+    return tuple(out[:n])
+
+
+def encode_tensor_map(record, address: int) -> bytes:
+    """The 128-byte CUtensorMap the handler encodes for one record at device `address` (needs the driver)."""
+    out, why = ctypes.create_string_buffer(128), ctypes.create_string_buffer(512)
+    if handler_library().mg_encode_tensor_map(_words(record), len(record), address, out, why, len(why)) != 0:
+        raise NoDevice(f"the FFI handler could not encode the tensor map: {why.value.decode()}")
+    return out.raw
+
+
+def _words(record):
+    return (ctypes.c_int64 * max(1, len(record)))(*[int(v) for v in record])
+
+
 # ---- the GPU's architecture ----------------------------------------------------------------------------
-def device_arch() -> str:
-    """The arch to generate and compile for JAX's first GPU (see `arch_for`)."""
+def device_build():
+    """What to generate and build for JAX's first GPU (`codegen.device.for_device`), with the GPU's own
+    shared-memory limit where the driver tells it."""
+    from mugraph.codegen import device as dev
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus:
         raise NoDevice("JAX sees no GPU", hint="backend='harness' runs on the CPU harness")
-    return arch_for(str(getattr(gpus[0], "compute_capability", "9.0")))
+    limit = handler_library().mg_device_smem_optin(int(getattr(gpus[0], "local_hardware_id", 0) or 0))
+    return dev.for_device(str(getattr(gpus[0], "compute_capability", "9.0")), limit if limit > 0 else None)
 
 
 def arch_for(compute_capability: str) -> str:
-    """sm_80 for 8.x (an sm_80 CUBIN runs on every 8.x GPU), sm_90 for 9.0 and for every newer
-    major, where the sm_90 CUBIN does not run and the handler loads its PTX, compiled for that GPU
-    by the driver's JIT at load. NoDevice before 8.0 (no cp.async / bf16 mma.sync)."""
-    major = int(str(compute_capability).split(".")[0])
-    if major < 8:
-        raise NoDevice(f"JAX's GPU has compute capability {compute_capability}; mugraph's kernels "
-                       "need 8.0 or newer (cp.async, mma.sync with bf16)",
-                       hint="backend='harness' runs the generated CUDA on the CPU harness")
-    return "sm_80" if major == 8 else "sm_90"
+    """The generator's arch for a GPU of `compute_capability` ("9.0"): sm_80 for 8.x (an sm_80
+    CUBIN runs on every 8.x GPU), sm_90a for 9.0 (TMA, wgmma), sm_90's cp.async + mma.sync code for
+    every newer major (built by NVRTC for the GPU's own arch: `codegen.device`). NoDevice before 8.0
+    (no cp.async / bf16 mma.sync)."""
+    from mugraph.codegen.device import codegen_arch
+    return codegen_arch(compute_capability)
+
+
+def target_build(target: str):
+    """The build decisions for the cost model's GPU `target` ("h100": sm_90a), for tracing and lowering
+    `backend="cuda"` on a machine without that GPU."""
+    from mugraph.codegen.compile import capability_of
+    from mugraph.codegen.device import for_device
+    from mugraph.search.targets import get_target
+    return for_device(capability_of(get_target(target).arch))
 
 
 # ---- the launcher ---------------------------------------------------------------------------------------
 class CudaLauncher:
     """Custom kernels as `mugraph_launch` / `mugraph_launch_ws` custom calls naming their module
-    by content; the CUBIN is compiled (NVRTC, cached) and registered on first use."""
+    by content; the CUBIN is compiled (NVRTC, cached, for `device.binary`) and registered on first
+    use."""
 
-    def __init__(self, module):
+    def __init__(self, module, device=None):
+        from mugraph.codegen.compile import capability_of
+        from mugraph.codegen.device import for_device
         self.module = module
+        self.device = device if device is not None else for_device(capability_of(module.arch))
         self._name = None
 
     def module_name(self, register: bool = True) -> str:
@@ -207,7 +270,9 @@ class CudaLauncher:
         if self._name is None or (register and self._name not in _REGISTERED):
             from mugraph.codegen.compile import compile_cuda
             from mugraph.ir.settings import settings
-            compiled = compile_cuda(self.module.source, self.module.arch, name="mugraph_kernel",
+            if self.device.jit:
+                warnings.warn(f"mugraph: {self.device.note()}", RuntimeWarning, stacklevel=3)
+            compiled = compile_cuda(self.module.source, self.device.binary, name="mugraph_kernel",
                                     cache_dir=Path(settings.cache_dir) / "nvrtc")
             self._name = register_module(compiled.cubin, compiled.ptx) if register else \
                 module_name(compiled.cubin, compiled.ptx)
@@ -215,18 +280,7 @@ class CudaLauncher:
 
     def __call__(self, step, inputs, results):
         from mugraph.jax_integration import jax_has_gpu
-        launch = step.launch
-        kinds, indices = param_slots(step)
-        attributes = dict(module=self.module_name(register=jax_has_gpu()), kernel=launch.name,
-                          grid=np.asarray(launch.grid, np.int64),
-                          block=np.asarray(launch.block, np.int64),
-                          smem=np.int64(launch.smem_bytes), param_kind=kinds, param_index=indices)
-        target = TARGET
-        if step.workspace:
-            target = WORKSPACE_TARGET
-            attributes.update(
-                workspace_bytes=np.asarray([b.nbytes for b in step.workspace], np.int64),
-                workspace_zero=np.asarray([int(b.zero_init) for b in step.workspace], np.int64))
+        target, attributes = call_attributes(step, self.module_name(register=jax_has_gpu()))
         call = jax.ffi.ffi_call(target, results, vmap_method="sequential")
         return call(*inputs, **attributes)
 
@@ -234,13 +288,55 @@ class CudaLauncher:
 OPERAND, RESULT, WORKSPACE = 0, 1, 2  # what a kernel parameter is, in the custom call's param_kind
 
 
+def call_attributes(step, module: str) -> tuple[str, dict]:
+    """The custom call target and attributes of one custom-kernel launch: the module (content hash),
+    kernel, grid, block, dynamic shared memory, parameter slots, tensor maps (records after each one's
+    buffer slot), cluster, and for a plan with workspace its sizes and which start zeroed."""
+    launch = step.launch
+    kinds, indices = param_slots(step)
+    attributes = dict(module=module, kernel=launch.name, grid=np.asarray(launch.grid, np.int64),
+                      block=np.asarray(launch.block, np.int64), smem=np.int64(launch.smem_bytes),
+                      param_kind=kinds, param_index=indices, tensor_maps=tensor_map_records(step),
+                      cluster=np.asarray(launch.cluster, np.int64))
+    if not step.workspace:
+        return TARGET, attributes
+    attributes.update(workspace_bytes=np.asarray([b.nbytes for b in step.workspace], np.int64),
+                      workspace_zero=np.asarray([int(b.zero_init) for b in step.workspace], np.int64))
+    return WORKSPACE_TARGET, attributes
+
+
 def param_slots(step) -> tuple[np.ndarray, np.ndarray]:
     """(kind, index) of each kernel parameter: operand i, result i or workspace i of the call."""
+    slots = _slots(step)
+    pairs = [slots[a] for a in step.launch.args]
+    return (np.asarray([k for k, _ in pairs], np.int64), np.asarray([i for _, i in pairs], np.int64))
+
+
+def _slots(step) -> dict:
     slots = {name: (OPERAND, i) for i, name in enumerate(step.reads)}
     slots.update({name: (RESULT, i) for i, name in enumerate(step.writes)})
     slots.update({b.name: (WORKSPACE, i) for i, b in enumerate(step.workspace)})
-    pairs = [slots[a] for a in step.launch.args]
-    return (np.asarray([k for k, _ in pairs], np.int64), np.asarray([i for _, i in pairs], np.int64))
+    return slots
+
+
+def tensor_map_records(step) -> np.ndarray:
+    """The launch's tensor maps as one flat int64 array: per map, the (kind, index) of the buffer it
+    views, then `TensorMapSpec.record()` (the handler's `kMapFields` values each)."""
+    slots = _slots(step)
+    records = [(*slots[m.buffer], *m.record()) for m in step.launch.tensor_maps]
+    return np.asarray([v for r in records for v in r], np.int64)
+
+
+def describe_launch(step, inputs, results, module: str = "0" * 64, size: int = 4096):
+    """On the CPU: what the CUDA handler would launch for `step` on `inputs` (a JAX computation; the
+    kernel is not run): the call's attributes (`call_attributes`) decoded by the handler's own code,
+    as uint64 words (see `Describe` in ffi/mugraph_launch.cc). `results` stand for the kernel's."""
+    handler_library()
+    target, attributes = call_attributes(step, module)
+    name = DESCRIBE_TARGETS[target][0]
+    shapes = [*results, jax.ShapeDtypeStruct((size,), np.uint8)]
+    outs = jax.ffi.ffi_call(name, shapes, vmap_method="sequential")(*inputs, **attributes)
+    return outs[-1]
 
 
 # ---- timing marks ----------------------------------------------------------------------------------------

@@ -4,8 +4,10 @@
 The launch plan runs step by step inside the traced program: library launches are JAX ops with
 the library table's own-dtype meaning (`codegen.library_ops`, with `jax.numpy` as the array
 module), custom kernels are one primitive each. `backend="cuda"` makes that primitive an XLA FFI
-call that launches the NVRTC CUBIN on XLA's stream (`mugraph.jax_ffi`); `backend="harness"` a
-host callback that runs the same generated CUDA on the CPU harness. Under `jax.vmap` both
+call that launches the NVRTC CUBIN on XLA's stream (`mugraph.jax_ffi`), generated for the GPU
+present; `backend="harness"` a host callback that runs the generated CUDA on the CPU harness,
+generated for the kernel's target GPU (sm_90a's TMA + wgmma code for h100 / h200: what that GPU
+would run). Under `jax.vmap` both
 primitives run once per batch element (`vmap_method="sequential"`), the documented fallback to
 mapping the batch onto the grid. A plan's workspace (`LaunchPlan.workspace`: a split loop's
 partials and counters) is never a JAX value: each launcher allocates it for the call, zeroed where
@@ -175,8 +177,9 @@ class HarnessLauncher:
             arrays[buffer.name] = aligned_empty(buffer.shape, buffer.dtype.numpy)
             arrays[buffer.name][...] = 0 if buffer.zero_init else np.nan
         launch = step.launch
-        self.cpu().run(launch.name, [arrays[a] for a in launch.args], launch.grid, launch.block,
-                       launch.smem_bytes)
+        maps = [m.encode_cpu(arrays[m.buffer].ctypes.data) for m in launch.tensor_maps]  # sm_90a: TMA
+        self.cpu().run(launch.name, [arrays[a] for a in launch.args] + maps, launch.grid, launch.block,
+                       launch.smem_bytes, cluster=launch.cluster)
         return tuple(arrays[w] for w in step.writes)
 
 
@@ -233,16 +236,24 @@ def as_jax(kernel, backend: str = "auto", *, spec_fn: Callable | None = None,
 
 def _launcher(kernel, backend: str, require_device: bool):
     from mugraph.codegen import generate
+    from mugraph.codegen.device import generate_for
     if backend == "harness":
-        module = generate(kernel.graph, "sm_80")
+        module = generate(kernel.graph, target_arch(kernel.target))
         return module, HarnessLauncher(module)
-    from mugraph.jax_ffi import CudaLauncher, device_arch
+    from mugraph.jax_ffi import CudaLauncher, device_build, target_build
     if require_device and not jax_has_gpu():
         raise NoDevice("backend='cuda' needs a GPU that JAX sees (jax.devices() has none)",
                        hint="backend='harness' runs the generated CUDA on the CPU harness inside "
                             "the same JAX program")
-    module = generate(kernel.graph, device_arch() if require_device else "sm_90")
-    return module, CudaLauncher(module)
+    device = device_build() if require_device else target_build(kernel.target)
+    module = generate_for(kernel.graph, device)
+    return module, CudaLauncher(module, device)
+
+
+def target_arch(target: str) -> str:
+    """The generator's arch for the cost model's GPU `target` (sm_90a for h100 and h200)."""
+    from mugraph.search.targets import get_target
+    return get_target(target).arch
 
 
 def _with_spec_vjp(forward: Callable, spec_fn: Callable) -> Callable:

@@ -10,6 +10,12 @@ same kernels). Every comparison also wants NaN and ±inf at the same places.
 A split plan's partials and counters are workspace its launchers own (``codegen.plan.Buffer``): they must never
 reach JAX as values (filled with NaN by a callback, uninitialised by XLA), which gave all-NaN outputs here.
 
+Arch: every path generates for the kernel's target GPU, so the harness runs what that GPU would. The workload
+cases target h100 (sm_90a: the TMA pipeline with its producer warpgroup, mbarriers, wgmma where the model takes it,
+tensor maps encoded for the harness), the generality winners a100 (sm_80: cp.async + mma.sync), so the matrix
+covers both code paths at the cost of one build per case; ``test_the_matrix_runs_sm_90a_s_tma_and_wgmma_code``
+checks the first claim.
+
 Cost: every case builds its kernels once on the CPU harness (run_on_cpu, as_jax and mugraph.jit share the
 build), at small shapes; the generality winners are stored (tests/generality_winners.py), not searched. The
 ``mugraph.jit`` column takes each case's graph as the search's answer (the search itself is tested elsewhere;
@@ -67,11 +73,12 @@ class Case:
     fn: Callable
     inputs: list
     special_inputs: list
+    target: str = "h100"  # the GPU whose code the harness runs (see the module docstring)
 
 
-def _case(graph, program, seed: int = 0) -> Case:
+def _case(graph, program, seed: int = 0, target: str = "h100") -> Case:
     inputs = program.random_inputs(seed)
-    return Case(graph, program.spec(), program.fn, inputs, _with_specials(inputs))
+    return Case(graph, program.spec(), program.fn, inputs, _with_specials(inputs), target)
 
 
 def _with_specials(inputs: list, seed: int = 1) -> list:
@@ -145,7 +152,8 @@ def _workload_builders() -> dict:
 
 
 def _generality_builders() -> dict:
-    return {f"generality/{name}": (lambda name=name: _case(_stored_winner(name), generality.get(name).small()))
+    return {f"generality/{name}": (lambda name=name: _case(_stored_winner(name), generality.get(name).small(),
+                                                           target="a100"))
             for name in generality.names()}
 
 
@@ -208,7 +216,7 @@ def _through_mugraph_jit(c: Case, kernel: Kernel, monkeypatch) -> Callable:
 
     def answer(fn, *example_args, **options):
         calls.append(example_args)
-        return Kernel(kernel.graph, c.spec, fn=flatten_function(fn, example_args))
+        return Kernel(kernel.graph, c.spec, target=kernel.target, fn=flatten_function(fn, example_args))
 
     monkeypatch.setattr(mugraph.api, "superoptimize", answer)
     f = mugraph.jit(c.fn, backend="harness")
@@ -219,7 +227,7 @@ def _through_mugraph_jit(c: Case, kernel: Kernel, monkeypatch) -> Callable:
 @pytest.mark.parametrize("case_id", list(BUILDERS))
 def test_every_path_runs_the_plan_right(case_id, monkeypatch):
     c = case(case_id)
-    kernel = Kernel(c.graph, c.spec)
+    kernel = Kernel(c.graph, c.spec, target=c.target)
     dtypes = [o.dtype for o in c.graph.outputs]
     as_jax = jax.jit(kernel.as_jax("harness"))
     via_jit = _through_mugraph_jit(c, kernel, monkeypatch)
@@ -236,6 +244,37 @@ def test_every_path_runs_the_plan_right(case_id, monkeypatch):
         for path, got in runs.items():
             assert_agree(f"{case_id} {path}, {label}", got, cpu, dtypes, _roundings)
     assert len(via_jit.calls) == 1, "mugraph.jit compiles once per input signature"
+
+
+def test_the_matrix_runs_sm_90a_s_tma_and_wgmma_code(monkeypatch):
+    """The workload cases' kernels, as every harness path generates them, are sm_90a's: most stream their loop by
+    TMA (tensor maps, a producer warpgroup), the attention ones multiply on wgmma; run_on_cpu and as_jax build
+    the same source (one build per case)."""
+    import mugraph.codegen
+    from mugraph.jax_integration import _launcher
+    ids = [i for i in BUILDERS if not i.startswith("generality/")]
+    modules = {i: _launcher(Kernel(case(i).graph, case(i).spec, target=case(i).target), "harness", True)[0]
+               for i in ids}
+    assert {m.arch for m in modules.values()} == {"sm_90a"}
+    tma = [i for i, m in modules.items() if any(k.tensor_maps for k in m.plan.kernels)]
+    wgmma = [i for i, m in modules.items() if "mg_wgmma" in m.source]
+    split = [i for i in tma if modules[i].plan.workspace]
+    assert len(tma) >= 12 and len(wgmma) >= 6 and split, (tma, wgmma, split)
+    for i in tma:
+        (launch,) = [k for k in modules[i].plan.kernels if k.kind == "custom"]
+        assert launch.block[0] == _block_threads(case(i).graph) + 128, i  # the producer warpgroup launches
+    seen = []
+    real = mugraph.codegen.run_on_cpu
+    monkeypatch.setattr(mugraph.codegen, "run_on_cpu", lambda graph, arrays, **kw: seen.append(kw) or
+                        real(graph, arrays, **kw))
+    c = case(tma[0])
+    Kernel(c.graph, c.spec, target=c.target).run_on_cpu(*c.inputs)
+    assert seen == [{"arch": "sm_90a"}]
+
+
+def _block_threads(graph) -> int:
+    (bg, _), = graph.custom_ops()
+    return bg.threads
 
 
 @pytest.mark.parametrize("name", generality.names())

@@ -47,6 +47,8 @@ class KernelLaunch:
     smem_bytes: int
     args: tuple
     library_op: object = None
+    tensor_maps: tuple = ()
+    cluster: tuple = (1, 1, 1)
 
 
 @dataclass(frozen=True)

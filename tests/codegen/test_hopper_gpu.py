@@ -1,7 +1,8 @@
 """The sm_90a kernels on a Hopper GPU (skipped elsewhere): every workload's small reference generated for sm_90a,
 compiled by NVRTC, launched through the driver API with its tensor maps encoded by ``TensorMapSpec.encode_cuda``
-(what a launcher must do), against the float64 interpreter -- the one GPU run that confirms the layouts,
-descriptors and swizzles the CPU harness emulates."""
+(independently of the launchers), against the float64 interpreter -- the one GPU run that confirms the layouts,
+descriptors and swizzles the CPU harness emulates -- and against the CuPy runtime's launch of the same kernel (its
+own parameter packing and encoding), which must give the same bits. bench/gpu_check.sh runs this file first."""
 from __future__ import annotations
 
 import ctypes
@@ -53,14 +54,12 @@ def _launch(cubin: bytes, launch, buffers: dict) -> None:
     _check(drv.cuModuleUnload(module))
 
 
-@pytest.mark.parametrize("name", workloads.names())
-def test_sm_90a_kernels_run_right_on_a_hopper_gpu(name):
+def _direct(name: str, arrays) -> list:
+    """The workload's small reference for sm_90a, launched through the driver by this file's own code."""
     import cupy
-    w = workloads.get(name).small()
-    graph = w.reference()
+    graph = workloads.get(name).small().reference()
     module = generate(graph, "sm_90a")
     cubin = compile_cuda(module.source, "sm_90a", name=name).cubin
-    arrays = w.random_inputs(0)
     plan = module.plan
     assert all(k.kind == "custom" for k in plan.kernels), "these references are custom kernels only"
     buffers = {}
@@ -71,5 +70,27 @@ def test_sm_90a_kernels_run_right_on_a_hopper_gpu(name):
         buffers[name_][...] = cupy.asarray(array)
     for launch in plan.kernels:
         _launch(cubin, launch, buffers)
-    out = [cupy.asnumpy(buffers[o]) for o in plan.outputs]
-    assert max_rel_error(out, ir.interpret(graph, arrays, dtype="float64")) <= 1e-2
+    return [cupy.asnumpy(buffers[o]) for o in plan.outputs]
+
+
+@pytest.mark.parametrize("name", workloads.names())
+def test_sm_90a_kernels_run_right_on_a_hopper_gpu(name):
+    w = workloads.get(name).small()
+    arrays = w.random_inputs(0)
+    out = _direct(name, arrays)
+    assert max_rel_error(out, ir.interpret(w.reference(), arrays, dtype="float64")) <= 1e-2
+
+
+@pytest.mark.parametrize("name", workloads.names())
+def test_the_cupy_runtime_launches_the_same_kernel_to_the_same_bits(name):
+    """load_kernel on this GPU builds sm_90a's code and launches it with its own packing of pointers and tensor
+    maps (cuLaunchKernelEx): the outputs are the direct launch's, bit for bit."""
+    import cupy
+    from mugraph.codegen.runtime_cupy import load_kernel
+    w = workloads.get(name).small()
+    arrays = w.random_inputs(0)
+    kernel = load_kernel(w.reference())
+    assert kernel.arch == "sm_90a" and kernel.loader() == "cubin"
+    ours = [cupy.asnumpy(o) for o in kernel(*arrays)]
+    for i, (a, b) in enumerate(zip(ours, _direct(name, arrays), strict=True)):
+        assert np.array_equal(a, b, equal_nan=True), f"{name} output {i}: the runtime's launch differs"

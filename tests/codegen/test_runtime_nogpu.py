@@ -88,15 +88,22 @@ def test_missing_cupy_is_no_device_too(monkeypatch):
 
 # ---- arch choice ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,present,chosen", [(None, "sm_80", "sm_80"), (None, "sm_90", "sm_90"),
-                                                 ("sm_90a", "sm_90", "sm_90a"), (None, None, "sm_90")])
-def test_arch_follows_the_device(arch, present, chosen):
-    assert runtime_cupy._choose_arch(arch, present) == chosen
+@pytest.mark.parametrize("arch,capability,chosen", [(None, "8.0", "sm_80"), (None, "8.6", "sm_80"),
+                                                    (None, "9.0", "sm_90a"), (None, "12.0", "sm_90"),
+                                                    ("sm_90", "9.0", "sm_90"), ("sm_80", "8.9", "sm_80"),
+                                                    (None, None, "sm_90a")])
+def test_arch_follows_the_device(arch, capability, chosen):
+    from mugraph.codegen.device import for_device
+    device = for_device(capability) if capability else None
+    assert runtime_cupy._choose_arch(arch, device) == chosen
 
 
-def test_a_binary_for_another_major_version_is_refused():
-    with pytest.raises(InvalidInput, match="cannot run on this sm_90 device"):
-        runtime_cupy._choose_arch("sm_80", "sm_90")
+@pytest.mark.parametrize("arch,capability", [("sm_80", "9.0"), ("sm_90a", "10.0"), ("sm_90", "8.0"),
+                                             ("sm_90a", "12.0")])
+def test_a_binary_that_does_not_run_on_the_device_is_refused(arch, capability):
+    from mugraph.codegen.device import for_device
+    with pytest.raises(InvalidInput, match=f"cannot run on this compute capability {capability} device"):
+        runtime_cupy._choose_arch(arch, for_device(capability))
 
 
 # ---- plan and inputs (compiled with NVRTC, no GPU needed) --------------------------------------------------------
@@ -147,10 +154,69 @@ def _launch(i, **changes):
     (dict(buffers=hp.BUFFERS + hp.BUFFERS[:1]), InvalidGraph, r"plan.buffers"),
     (dict(kernels=(_launch(0, smem_bytes=400 * 1024),)), ResourceError, r"409600 bytes of dynamic shared"),
     (dict(kernels=(_launch(0, block=(2048, 1, 1)),)), ResourceError, r"2048 threads"),
+    (dict(kernels=(_launch(0, cluster=(3, 1, 1)),)), InvalidGraph, r"grid \(8, 1, 1\) is not a whole number"),
+    (dict(kernels=(_launch(0, cluster=(0, 1, 1)),)), InvalidGraph, r"plan.kernels\[0\].cluster"),
+    (dict(kernels=(_launch(0, cluster=(32, 1, 1), grid=(32, 1, 1)),)), InvalidGraph, r"at most 16 blocks"),
 ])
 def test_bad_plans_are_rejected_with_the_field(changes, error, field):
     with pytest.raises(error, match=field):
         GpuKernel(hp.module(**changes))
+
+
+def test_a_plan_checks_against_the_binary_arch_s_shared_memory():
+    """Built for an sm_120 GPU (99 KB per block), a launch asking 100 KB is refused before any GPU is touched."""
+    with pytest.raises(ResourceError, match=r"102400 bytes of dynamic shared memory; sm_120 allows 101376"):
+        GpuKernel(hp.module(kernels=(_launch(0, smem_bytes=100 * 1024),)), binary_arch="sm_120")
+    kernel = GpuKernel(hp.module("sm_90"), binary_arch="sm_120")
+    assert kernel.compiled.arch == "sm_120" and ".target sm_120" in kernel.compiled.ptx
+
+
+def test_a_tensor_map_over_no_buffer_is_refused():
+    from mugraph.codegen.hopper_layouts import SWIZZLE_NONE
+    from mugraph.codegen.tma import TensorMapSpec
+    spec = TensorMapSpec("Q", ir.DType.FLOAT16, (128, 8), (2, 256), (8, 8), SWIZZLE_NONE)
+    with pytest.raises(InvalidGraph, match=r"plan.kernels\[0\].tensor_maps\[0\]: tensor map over no buffer 'Q'"):
+        GpuKernel(hp.module(kernels=(_launch(0, tensor_maps=(spec,)),)))
+
+
+# ---- driver launches (tensor maps by value, clusters): packed and configured without a GPU ----------------------
+
+def test_kernel_params_hold_each_pointer_then_each_tensor_map_by_value():
+    from mugraph.codegen.hopper_layouts import SWIZZLE_128B
+    from mugraph.codegen.tma import TensorMapSpec
+    spec = TensorMapSpec("X", ir.DType.FLOAT16, (64, 8), (2, 128), (64, 8), SWIZZLE_128B)
+    maps = [spec.encode_cpu(0x10000), bytes(range(128))]
+    params = runtime_cupy.KernelParams([0x7F0012345600, 0x20], maps)
+    values = params.values()
+    assert values[:2] == [(0x7F0012345600).to_bytes(8, "little"), (0x20).to_bytes(8, "little")]
+    assert values[2:] == maps and params.sizes == (8, 8, 128, 128)
+    import ctypes
+    addresses = (ctypes.c_void_p * 4).from_address(params.address)
+    assert all(a % 128 == 0 for a in addresses[2:])  # CUtensorMap's alignment
+    with pytest.raises(InvalidInput, match="128 bytes"):
+        runtime_cupy.KernelParams([1], [b"short"])
+
+
+def test_launch_config_sets_the_cluster_attribute_only_for_a_cluster():
+    pytest.importorskip("cuda.bindings.driver")
+    launch = _launch(0, grid=(8, 2, 1), block=(384, 1, 1), smem_bytes=70_000, cluster=(2, 2, 1))
+    config = runtime_cupy.launch_config(launch, stream=1234, cluster=launch.cluster)
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (8, 2, 1)
+    assert (config.blockDimX, config.sharedMemBytes, int(config.hStream)) == (384, 70_000, 1234)
+    (attribute,) = config.attrs
+    assert config.numAttrs == 1 and attribute.id.name == "CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION"
+    dims = attribute.value.clusterDim
+    assert (dims.x, dims.y, dims.z) == (2, 2, 1)
+    assert runtime_cupy.launch_config(launch, stream=0).numAttrs == 0  # compiled __cluster_dims__: no attribute
+
+
+def test_only_tensor_maps_or_clusters_take_the_driver_path():
+    from mugraph.codegen import generate
+    from mugraph import workloads
+    tma = generate(workloads.get("gqa").small().reference(), "sm_90a").plan.kernels[0]
+    plain = generate(workloads.get("gqa").small().reference(), "sm_80").plan.kernels[0]
+    assert runtime_cupy.needs_driver_launch(tma) and not runtime_cupy.needs_driver_launch(plain)
+    assert runtime_cupy.needs_driver_launch(_launch(0, cluster=(2, 1, 1)))
 
 
 def test_library_launch_of_an_op_without_an_entry_is_unsupported():
@@ -186,3 +252,22 @@ def test_library_op_matches_the_interpreter_in_own_dtype(op):
     out = np.full(node.shape, np.nan, node.dtype.numpy)
     library_op(op)(np, node, operands, out)
     np.testing.assert_array_equal(out, want)
+
+
+# ---- a clustered launch's plan on the CPU harness (the same plan tests/gpu launches through both launchers) -----
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_clustered_plan_runs_right_on_the_harness(size):
+    from mugraph.codegen.cpu import build_cpu
+    from mugraph.codegen.run_cpu import run_plan
+    from tests.codegen import cluster_plan as cp
+    module = cp.module(size)
+    cpu = build_cpu(module.source, ["cluster_combine"])
+    arrays = cp.inputs(size)
+    got = run_plan(module, cpu, arrays)
+    want = cp.expected(*arrays, size)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+    kernel = GpuKernel(module)  # compiles for sm_90a and checks the plan (cluster tiles the grid) without a GPU
+    assert kernel.compiled.arch == "sm_90a" and runtime_cupy.needs_driver_launch(module.plan.kernels[0])
