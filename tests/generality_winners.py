@@ -2,7 +2,8 @@
 cannot afford a search per program. They are what the quality tier (tests/search/test_generality.py) finds with
 its own configs; rewrite them after a change to the search or the IR's JSON with
 
-    python -m tests.generality_winners
+    python -m tests.generality_winners            # every program
+    python -m tests.generality_winners NAME ...   # only these (the others stay as stored)
 
 The path matrix runs each stored graph through every path and compares the paths with each other and with the
 graph's own reference run; it also checks that each winner still computes its program (a fresh finite-field
@@ -25,11 +26,12 @@ def load() -> dict:
     return {name: ir.from_json(json.dumps(graph)) for name, graph in stored.items()}
 
 
-def regenerate(log=print) -> dict:
-    """Search every program with the quality tier's config and write the winners."""
+def regenerate(names=None, log=print) -> dict:
+    """Search the programs `names` (default: every program) with the quality tier's config and
+    write their winners beside the stored ones."""
     from tests.search.test_generality import _config
-    winners = {}
-    for name in generality.names():
+    winners = json.loads(FILE.read_text(encoding="utf-8")) if names else {}
+    for name in names or generality.names():
         outcome = generality.evaluate(generality.get(name).small(), _config(name))
         if outcome.winner is None:
             log(f"{name}: no winner ({outcome.lift_error or outcome.search_error})")
@@ -41,5 +43,5 @@ def regenerate(log=print) -> dict:
 
 
 if __name__ == "__main__":
-    regenerate()
+    regenerate(sys.argv[1:] or None)
     sys.exit(0)
