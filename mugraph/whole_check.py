@@ -1,0 +1,148 @@
+"""The stitched program checked against the whole program: the float test against `jax.jit(fn)`.
+
+Each fused region's winner is verified against its own region spec by its search (finite-field
+tests at reduced shapes, the float test and the check at the real shapes). This checks the
+stitching: the program of regions, each fused region run by the reference interpreter (float64,
+rounded to the value's dtype at the region's edge) and every other step by JAX, on the real shapes,
+against `jax.jit(fn)` on the same arguments: random draws (N(0, 1) times a scale halved until
+jax.jit's results are finite) and a special-value case (a row of +inf, a row of NaN and a row of
+zeros in one activation). Every float result must agree within the float test's tolerance for a
+different program (`disagreement_tolerance`: 8 roundings of its dtype, or the dtype's own
+tolerance where larger), NaN and +-inf exactly where jax.jit has them. Where the interpreter would
+run more than `WHOLE_CHECK_FLOPS`, the check is not run at the real shapes and says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from mugraph.ir.dtypes import DType
+
+WHOLE_CHECK_FLOPS = 4e9        # interpreter work above which the real-shape run is skipped
+RANDOM_DRAWS = 2
+SCALE_TRIES = 6
+
+
+@dataclass(frozen=True)
+class WholeCheck:
+    """The verdict for the whole program, in words."""
+
+    status: str                    # EQUIVALENT | NOT EQUIVALENT | not run | nothing fused
+    text: str
+    cases: tuple = ()              # (case, worst relative error, tolerance)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "NOT EQUIVALENT"
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.text}" if self.status != "nothing fused" else self.text
+
+
+def check_whole(program, seed: int = 0) -> WholeCheck:
+    """The whole-program verdict for `program` (a mugraph.program.Program)."""
+    if not program.fused:
+        return WholeCheck("nothing fused", "nothing is fused: the program is fn itself, run by "
+                                           "JAX")
+    flops = _interpreter_flops(program)
+    if flops > WHOLE_CHECK_FLOPS:
+        return WholeCheck("not run", f"the stitched program was not run at the real shapes (its "
+                                     f"fused regions are {flops / 1e9:.1f} GFLOP through the "
+                                     f"interpreter, over {WHOLE_CHECK_FLOPS / 1e9:.0f}); each fused "
+                                     "region's winner was verified against its own spec by its "
+                                     "search")
+    cases = []
+    for name, args in _cases(program, seed):
+        worst = _compare(program, args)
+        cases.append((name, *worst))
+        if worst[0] > worst[1]:
+            return WholeCheck("NOT EQUIVALENT", f"case {name}: relative error {worst[0]:.3g} "
+                                                f"against jax.jit(fn), tolerance {worst[1]:.3g}"
+                                                f"{worst[2]}", tuple(cases))
+    shown = ", ".join(f"{n} {e:.2g}" for n, e, _, _ in cases)
+    return WholeCheck("EQUIVALENT", f"the stitched program agrees with jax.jit(fn) at the real "
+                                    f"shapes on {len(cases)} cases (max relative error: {shown}; "
+                                    f"tolerance {max(c[2] for c in cases):.2g})", tuple(cases))
+
+
+def _interpreter_flops(program) -> float:
+    from mugraph.search.cost import kernel_node_flops
+    return float(sum(sum(kernel_node_flops(n, pad=False)) for o in program.fused
+                     for n in o.region.spec.nodes))
+
+
+def _compare(program, args) -> tuple:
+    """(worst relative error, its tolerance, where) over the float results."""
+    from mugraph.verify.float_diff import compare, disagreement_tolerance
+    from mugraph.verify.special_values import finfo
+    want = jax.tree_util.tree_leaves(jax.jit(program.fn)(*args))
+    got = jax.tree_util.tree_leaves(program.run_reference(*args))
+    found = []
+    for i, (w, g) in enumerate(zip(want, got)):
+        w = np.asarray(w)
+        if w.dtype.name not in ("float16", "bfloat16", "float32"):
+            same = np.array_equal(w, np.asarray(g))
+            found.append((0.0 if same else np.inf, 1.0, f" (result {i}, {w.dtype.name})"))
+            continue
+        dtype = DType.parse(w.dtype.name)
+        d = compare(w.astype(np.float64), np.asarray(g).astype(np.float64), i,
+                    floor=float(finfo(dtype).smallest_normal))
+        where = f" (result {i}: {d.message})" if d.message else f" (result {i} at {d.index})"
+        found.append((d.error, disagreement_tolerance(dtype), where))
+    return max(found, key=lambda f: f[0] / f[1], default=(0.0, 1.0, ""))
+
+
+def _cases(program, seed: int):
+    """(name, arguments) for the random draws and the special-value case."""
+    draws = [_draw(program, seed + k) for k in range(RANDOM_DRAWS)]
+    yield from ((f"random {k}", args) for k, args in enumerate(draws))
+    special = _specials(program, draws[0])
+    if special is not None:
+        yield special
+
+
+def _draw(program, seed: int):
+    """Arguments: floats N(0, 1) * scale (halved until jax.jit's results are finite), integers
+    small and nonnegative, booleans at random."""
+    flat = program.partition.program
+    rng = np.random.default_rng(seed)
+    normals = [rng.standard_normal(flat.value(v).shape) for v in flat.inputs]
+    others = [_non_float(rng, flat.value(v)) for v in flat.inputs]
+    scale = 1.0
+    for _ in range(SCALE_TRIES):
+        leaves = [o if o is not None else (n * scale).astype(flat.value(v).dtype)
+                  for v, n, o in zip(flat.inputs, normals, others)]
+        args = jax.tree_util.tree_unflatten(flat.in_tree, leaves)
+        if all(np.all(np.isfinite(np.asarray(x, np.float64))) for x in
+               jax.tree_util.tree_leaves(jax.jit(program.fn)(*args))
+               if np.asarray(x).dtype.kind == "f" or np.asarray(x).dtype.name == "bfloat16"):
+            return args
+        scale /= 2
+    return args
+
+
+def _non_float(rng, value):
+    if value.dtype.kind == "b":
+        return rng.integers(0, 2, value.shape).astype(bool)
+    if value.dtype.kind in "iu":
+        return rng.integers(0, 4, value.shape).astype(value.dtype)
+    return None
+
+
+def _specials(program, args):
+    """A row of +inf, a row of NaN and a row of zeros in the last float argument of rank >= 2."""
+    flat = program.partition.program
+    leaves = list(jax.tree_util.tree_leaves(args))
+    chosen = [i for i, v in enumerate(flat.inputs) if len(flat.value(v).shape) >= 2
+              and flat.value(v).dtype.name in ("float16", "bfloat16", "float32")
+              and flat.value(v).shape[-2] >= 3]
+    if not chosen:
+        return None
+    i = chosen[-1]
+    x = np.array(leaves[i])
+    x[..., 0, :], x[..., 1, :], x[..., 2, :] = np.inf, np.nan, 0.0
+    leaves[i] = x
+    name = flat.value(flat.inputs[i]).name
+    return f"inf/NaN/zero rows in {name}", jax.tree_util.tree_unflatten(flat.in_tree, leaves)

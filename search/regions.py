@@ -1,0 +1,239 @@
+"""Search every region of a partition, decide which run as fused kernels, and estimate the whole.
+
+* Identical regions (the same spec, so the same cache key: every layer of a model) are searched
+  once; the distinct ones go through an executor (in-process, a process pool, Dask), each under
+  `cached_search` (a cache hit is re-verified, a miss searched and stored).
+* The budget: the user's `budget_seconds` is split evenly among the distinct regions, W of them
+  searched at a time by W workers: each gets budget x min(W, regions) / regions, so the searches
+  together take about the budget.
+* A region is fused when its winner has a custom kernel, is verified EQUIVALENT to the region's
+  spec, and is estimated faster than the XLA-like baseline of the region (what jax.jit would
+  launch for it); otherwise it stays JAX and the reason is kept.
+* The whole: the stitched estimate (the fused kernels, plus the XLA-like baseline of every lifted
+  step left to JAX, lifted together so XLA's fusion across them counts) against the XLA-like
+  baseline of the whole lifted program (which fuses across every cut). If the stitched program
+  loses, the fused regions that gain least go back to JAX until it does not: with none left it
+  is `fn` itself, 1.0x. Steps only JAX runs are charged the same on both sides (one fused launch
+  per stretch of them, their bytes in and out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mugraph.ir.errors import MugraphError
+from mugraph.search.baseline import xla_estimate
+from mugraph.search.classify import PROGRAM_OUTPUT
+from mugraph.search.cost import estimate, fused_kernel
+from mugraph.search.partition import Partition, Region, lift_region
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one region: fused or JAX (with why), and the numbers behind it."""
+
+    region: Region
+    fused: bool
+    reason: str = ""               # why it stays JAX ("" when fused)
+    answer: object = None          # search.cached.Answer (None: not searched)
+    kernel_s: float | None = None  # the winner's estimate
+    xla_s: float | None = None     # the XLA-like baseline of the region's spec
+    same_as: int | None = None     # the region whose search this one shares
+
+    @property
+    def kernel(self):
+        """The winner's graph."""
+        return None if self.answer is None else self.answer.result.best
+
+
+def region_budget(total: float, distinct: int, workers: int) -> float:
+    """Seconds for each of `distinct` searches, `workers` at a time, within `total`."""
+    if distinct <= 0:
+        return total
+    return total * min(max(1, workers), distinct) / distinct
+
+
+def search_regions(p: Partition, config, *, cache=None, executor=None, progress=None) -> list:
+    """An Outcome per region of `p` (in region order). `cache`: a ResultCache or None;
+    `executor`: a search.executors executor (default: by `config.workers`)."""
+    from mugraph.search.executors import make_executor
+    searchable = [r for r in p.regions if r.spec is not None]
+    groups: dict = {}
+    for r in searchable:
+        groups.setdefault(r.spec, []).append(r.index)
+    distinct = list(groups)
+    per = region_budget(config.budget_seconds, len(distinct), config.workers)
+    sub = config.replace(budget_seconds=per, workers=1)
+    own = executor is None
+    executor = executor or make_executor(min(config.workers, max(1, len(distinct))))
+    folder = str(cache.folder) if cache is not None else None
+    try:
+        answers = list(executor.map(search_task, [(spec, sub, folder) for spec in distinct]))
+    finally:
+        if own:
+            executor.close()
+    by_spec = dict(zip(distinct, answers))
+    outcomes = []
+    for r in p.regions:
+        if r.spec is None:
+            outcomes.append(Outcome(r, False, r.note))
+            continue
+        first = groups[r.spec][0]
+        outcome = decide(r, by_spec[r.spec], config.target)
+        outcomes.append(outcome if first == r.index else
+                        Outcome(r, outcome.fused, outcome.reason, outcome.answer,
+                                outcome.kernel_s, outcome.xla_s, same_as=first))
+    return outcomes
+
+
+def search_task(task):
+    """One executor task: (spec, config, cache folder or None) -> Answer, or the error's text."""
+    from mugraph.search.cache import ResultCache
+    from mugraph.search.cached import cached_search
+    spec, config, folder = task
+    store = ResultCache(folder) if folder is not None else False
+    try:
+        return cached_search(spec, config, cache=store, progress=_silent)
+    except MugraphError as e:
+        return f"{type(e).__name__}: {e.message.splitlines()[0]}"
+
+
+def _silent(*_) -> None:
+    return None
+
+
+def decide(region: Region, answer, target: str) -> Outcome:
+    """Fused when the winner has a custom kernel, is EQUIVALENT and beats jax.jit's estimate."""
+    xla = xla_estimate(region.spec, target).seconds
+    if isinstance(answer, str):
+        return Outcome(region, False, f"its search failed: {answer}", None, None, xla)
+    result = answer.result
+    best = result.best_candidate
+    if best.origin != "search" or not best.graph.custom_ops():
+        report = result.report
+        return Outcome(region, False, f"the search found no fused kernel ({report.stop_reason} "
+                                      f"after {report.states} states)", answer, best.seconds, xla)
+    verification = result.report.verification
+    if verification is None or not verification.equivalent:
+        why = getattr(verification, "reason", None) or "not verified"
+        return Outcome(region, False, f"its winner is not verified EQUIVALENT ({why})", answer,
+                       best.seconds, xla)
+    if best.seconds >= xla:
+        return Outcome(region, False, f"its best kernel is estimated {best.seconds * 1e6:.2f} us, "
+                                      f"slower than jax.jit's {xla * 1e6:.2f} us", answer,
+                       best.seconds, xla)
+    return Outcome(region, True, "", answer, best.seconds, xla)
+
+
+# ---- the whole program ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Estimates:
+    """End-to-end estimates of the program (seconds on the target)."""
+
+    stitched: float | None         # fused kernels + XLA-like for the lifted steps left to JAX
+    baseline: float | None         # XLA-like baseline of the whole lifted program
+    unfused: float | None          # one library launch per lifted op
+    jax_only: float                # steps only JAX runs, charged alike on both sides
+    note: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.stitched or self.baseline is None:
+            return None
+        return self.baseline / self.stitched
+
+    @property
+    def speedup_vs_unfused(self) -> float | None:
+        if not self.stitched or self.unfused is None:
+            return None
+        return self.unfused / self.stitched
+
+
+def whole_estimates(p: Partition, outcomes: list, target: str) -> Estimates:
+    """The Estimates with the fused regions of `outcomes`."""
+    fused = [o for o in outcomes if o.fused]
+    jax_only = _jax_steps_estimate(p, target)
+    whole = _lifted_graph(p, set())
+    if whole is None:
+        return Estimates(None, None, None, jax_only, "the lifted steps do not lift together")
+    rest = _lifted_graph(p, {o.region.index for o in fused})
+    rest_s = 0.0 if rest is None or rest == "empty" else xla_estimate(rest, target).seconds
+    if rest is None:
+        return Estimates(None, None, None, jax_only, "the lifted steps left to JAX do not lift "
+                                                     "together")
+    base = xla_estimate(whole, target).seconds if whole != "empty" else 0.0
+    unfused = estimate(whole, target).seconds if whole != "empty" else 0.0
+    kernels = sum(o.kernel_s for o in fused)
+    return Estimates(kernels + rest_s + jax_only, base + jax_only, unfused + jax_only, jax_only)
+
+
+def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estimates]:
+    """Outcomes with fused regions returned to JAX, least gain first, until the stitched
+    estimate is no slower than the whole program's XLA-like baseline."""
+    outcomes = list(outcomes)
+    while True:
+        est = whole_estimates(p, outcomes, target)
+        fused = [o for o in outcomes if o.fused]
+        if not fused or est.stitched is None or est.baseline is None or \
+                est.stitched <= est.baseline:
+            return outcomes, est
+        worst = min(fused, key=lambda o: o.xla_s - o.kernel_s)
+        why = (f"fused alone it is estimated faster ({worst.kernel_s * 1e6:.2f} us vs "
+               f"{worst.xla_s * 1e6:.2f} us), but the stitched program was estimated "
+               f"{est.stitched * 1e6:.2f} us against jax.jit's {est.baseline * 1e6:.2f} us for the "
+               "whole (XLA fuses across the region's edges)")
+        outcomes = [Outcome(o.region, False, why, o.answer, o.kernel_s, o.xla_s, o.same_as)
+                    if o.region.spec is worst.region.spec and o.fused else o for o in outcomes]
+
+
+def _lifted_graph(p: Partition, leave_out: set):
+    """The lifted steps outside the regions `leave_out`, lifted together (what jax.jit sees of
+    them): a KernelGraph, "empty" when there are none, None when they do not lift together."""
+    steps = [s for r in p.regions if r.index not in leave_out for s in r.steps]
+    if not steps:
+        return "empty"
+    order = {s.index: k for k, (kind, s) in enumerate(_flat_items(p))}
+    steps.sort(key=lambda s: order[s.index])
+    region = lift_region(p.classification, steps)
+    if region.spec is None:
+        return "empty" if not region.note.startswith(("the region does not", "a result")) \
+            else None
+    return region.spec
+
+
+def _flat_items(p: Partition):
+    """(kind, step) for every scheduled step, regions expanded in place."""
+    for kind, x in p.items:
+        if kind == "region":
+            for s in p.regions[x].steps:
+                yield "lift", s
+        else:
+            yield kind, x
+
+
+def _jax_steps_estimate(p: Partition, target: str) -> float:
+    """Each stretch of consecutive JAX steps as one fused kernel: the bytes it reads from
+    outside and writes for outside, one launch."""
+    c = p.classification
+    total, stretch = 0.0, []
+    for kind, x in list(p.items) + [("end", None)]:
+        if kind == "jax":
+            stretch.append(x)
+            continue
+        if stretch:
+            total += _stretch_seconds(c, stretch, target)
+            stretch = []
+    return total
+
+
+def _stretch_seconds(c, steps, target: str) -> float:
+    from mugraph.ir.node import kernel_input
+    inside = {s.index for s in steps}
+    made = {v for s in steps for v in s.outs}
+    reads = {v for s in steps for v in s.value_ins() if v not in made}
+    writes = [v for v in made if any(u == PROGRAM_OUTPUT or u not in inside
+                                     for u in c.consumers.get(v, ()))]
+    # reads as fp32 vectors of the same byte count (integer values have no IR dtype)
+    nodes = [kernel_input(f"v{v}", (max(1, c.program.value(v).nbytes // 4),), "float32")
+             for v in reads if not c.is_const(v)]
+    write = sum(c.program.value(v).nbytes for v in writes)
+    return fused_kernel("jax steps", nodes, write, 0, 0, target).seconds
