@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from mugraph.ir.errors import InvalidInput, UnsupportedOp
-from mugraph.stitch import Plan, as_jax_program, check_arguments, run_plan
+from mugraph.stitch import Plan, as_jax_program, check_arguments, host_program
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class Program:
         self._store = store
         self._kernels: dict | None = None
         self._jax: dict = {}
+        self._host: dict = {}
 
     # -- what it is --
     @property
@@ -180,18 +181,20 @@ class Program:
         """`fn`'s results with each fused region run by the reference interpreter (float64,
         rounded to the value's dtype at the region's edge) and the rest by JAX, anywhere."""
         from mugraph import ir
-        return self._run(args, lambda o, ins: ir.interpret(self.kernels[o.region.index].graph,
-                                                           [np.asarray(a) for a in ins]))
+        return self._run("reference", args,
+                         lambda o, ins: ir.interpret(self.kernels[o.region.index].graph, ins))
 
     def run_on_cpu(self, *args):
         """`fn`'s results with each fused region's generated CUDA run on the CPU harness."""
         from mugraph.codegen import run_on_cpu
-        return self._run(args, lambda o, ins: run_on_cpu(self.kernels[o.region.index].graph,
-                                                         [np.asarray(a) for a in ins]))
+        return self._run("cpu", args,
+                         lambda o, ins: run_on_cpu(self.kernels[o.region.index].graph, ins))
 
-    def _run(self, args, run_region):
+    def _run(self, how: str, args, run_region):
         leaves = check_arguments(self.partition.program, args)
-        outs = run_plan(self.plan, [np.asarray(x) for x in leaves], run_region)
+        if how not in self._host:       # one XLA compile per way of running the regions
+            self._host[how] = host_program(self.plan, run_region)
+        outs = self._host[how](*leaves)
         outs = [np.asarray(o) for o in outs]
         return jax.tree_util.tree_unflatten(self.partition.program.out_tree, outs)
 

@@ -123,7 +123,23 @@ def as_jax_program(plan: Plan, region_fns: dict, fn: Callable) -> Callable:
         outs = differentiable(*leaves)
         return jax.tree_util.tree_unflatten(program.out_tree, list(outs))
 
-    return call
+    # one XLA program even when called eagerly (step by step, each primitive would compile alone)
+    return jax.jit(call)
+
+
+def host_program(plan: Plan, run_region: Callable) -> Callable:
+    """The plan as one jitted function of flat leaves whose fused regions run on the host:
+    `run_region(outcome, numpy inputs) -> numpy outputs` (the interpreter, the CPU harness)."""
+    def region(outcome, ins):
+        results = [jax.ShapeDtypeStruct(n.shape, n.dtype.numpy) for n in outcome.region.spec.outputs]
+
+        def host(*arrays):
+            outs = run_region(outcome, [np.asarray(a) for a in arrays])
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            return tuple(np.asarray(o).astype(r.dtype) for o, r in zip(outs, results))
+        return jax.pure_callback(host, results, *ins, vmap_method="sequential")
+
+    return jax.jit(lambda *leaves: tuple(run_plan(plan, leaves, region)))
 
 
 def check_arguments(program, args) -> list:

@@ -13,6 +13,7 @@ run more than `WHOLE_CHECK_FLOPS`, the check is not run at the real shapes and s
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import jax
@@ -42,10 +43,24 @@ class WholeCheck:
 
 
 def check_whole(program, seed: int = 0) -> WholeCheck:
-    """The whole-program verdict for `program` (a mugraph.program.Program)."""
+    """The whole-program verdict for `program` (a mugraph.program.Program); an EQUIVALENT one is
+    kept beside the result cache, keyed by everything the stitched program is made of, and
+    reused by the next compile of the same program (whose regions' kernels the cache re-verifies)."""
     if not program.fused:
         return WholeCheck("nothing fused", "nothing is fused: the program is fn itself, run by "
                                            "JAX")
+    folder = getattr(program._store, "folder", None)
+    key = verdict_key(program) if folder is not None else None
+    kept = _load(folder, key) if key is not None else None
+    if kept is not None:
+        return kept
+    verdict = _check(program, seed)
+    if key is not None and verdict.status == "EQUIVALENT":
+        _save(folder, key, verdict)
+    return verdict
+
+
+def _check(program, seed: int) -> WholeCheck:
     flops = _interpreter_flops(program)
     if flops > WHOLE_CHECK_FLOPS:
         return WholeCheck("not run", f"the stitched program was not run at the real shapes (its "
@@ -65,6 +80,58 @@ def check_whole(program, seed: int = 0) -> WholeCheck:
     return WholeCheck("EQUIVALENT", f"the stitched program agrees with jax.jit(fn) at the real "
                                     f"shapes on {len(cases)} cases (max relative error: {shown}; "
                                     f"tolerance {max(c[2] for c in cases):.2g})", tuple(cases))
+
+
+# ---- verdicts kept beside the result cache -------------------------------------------------------
+def verdict_key(program) -> str:
+    """A digest of the stitched program: every step (primitive, parameters, types, wiring), the
+    closed-over constants, the fused regions' kernels, and mugraph's source."""
+    import hashlib
+    from mugraph.search.cache import source_digest
+    flat = program.partition.program
+    h = hashlib.sha256(source_digest().encode())
+    h.update(repr([(flat.value(v).shape, flat.value(v).dtype.name) for v in flat.inputs]).encode())
+    for step in flat.steps:
+        eqn = step.eqn
+        h.update(repr((eqn.primitive.name, sorted(eqn.params.items()), step.ins, step.outs,
+                       [str(v.aval) for v in (*eqn.invars, *eqn.outvars)])).encode())
+    for vid, c in sorted(flat.consts.items()):
+        h.update(repr(vid).encode() + np.ascontiguousarray(np.asarray(c)).tobytes())
+    for o in program.fused:
+        h.update(f"R{o.region.index}:{program.kernels[o.region.index].graph.digest()}".encode())
+    return h.hexdigest()
+
+
+def _verdict_file(folder, key: str):
+    from pathlib import Path
+    return Path(folder) / "whole_checks" / f"{key[:32]}.json"
+
+
+def _load(folder, key: str) -> WholeCheck | None:
+    import json
+    path = _verdict_file(folder, key)
+    try:
+        data = json.loads(path.read_text())
+        if data["key"] != key:
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data["created"]))
+        return WholeCheck(data["status"], f"{data['text']} [checked {when}, kept beside the result "
+                                          "cache; each region's kernel re-verified now]",
+                          tuple(tuple(c) for c in data["cases"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _save(folder, key: str, verdict: WholeCheck) -> None:
+    import json
+    path = _verdict_file(folder, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "status": verdict.status, "text": verdict.text,
+                                    "cases": [list(c) for c in verdict.cases],
+                                    "created": time.time()}))
+    except OSError:
+        pass   # a read-only cache keeps nothing: the next compile checks again
 
 
 def _interpreter_flops(program) -> float:
@@ -132,17 +199,35 @@ def _non_float(rng, value):
 
 
 def _specials(program, args):
-    """A row of +inf, a row of NaN and a row of zeros in the last float argument of rank >= 2."""
+    """A row of +inf, a row of NaN and a row of zeros in the last float argument with a dim of
+    at least 3 (the activations or a cache, after the parameters)."""
     flat = program.partition.program
     leaves = list(jax.tree_util.tree_leaves(args))
-    chosen = [i for i, v in enumerate(flat.inputs) if len(flat.value(v).shape) >= 2
+    chosen = [i for i, v in enumerate(flat.inputs) if special_axis(flat.value(v).shape) is not None
               and flat.value(v).dtype.name in ("float16", "bfloat16", "float32")
-              and flat.value(v).shape[-2] >= 3]
+              and len(flat.value(v).shape) >= 2]
     if not chosen:
         return None
     i = chosen[-1]
-    x = np.array(leaves[i])
-    x[..., 0, :], x[..., 1, :], x[..., 2, :] = np.inf, np.nan, 0.0
-    leaves[i] = x
+    leaves[i] = special_rows(leaves[i])
     name = flat.value(flat.inputs[i]).name
     return f"inf/NaN/zero rows in {name}", jax.tree_util.tree_unflatten(flat.in_tree, leaves)
+
+
+def special_axis(shape) -> int | None:
+    """The axis whose first three entries become the special rows: the next-to-last (rows of a
+    matrix) where it has 3, else the first that has."""
+    rank = len(shape)
+    for axis in ([rank - 2] if rank >= 2 else []) + list(range(rank)):
+        if shape[axis] >= 3:
+            return axis
+    return None
+
+
+def special_rows(x) -> np.ndarray:
+    """`x` with its first three rows (along `special_axis`) +inf, NaN and zero."""
+    x = np.array(x)
+    axis = special_axis(x.shape)
+    moved = np.moveaxis(x, axis, 0)
+    moved[0], moved[1], moved[2] = np.inf, np.nan, 0.0
+    return x

@@ -233,26 +233,70 @@ def _cut(c: Classification, order, runs, limits: Limits, target: str) -> Partiti
 
 
 def _best_cuts(c: Classification, run, limits: Limits, target: str) -> list[tuple]:
-    """[(lo, hi, estimated seconds)] of the cheapest cutting of `run` within `limits`."""
-    costs, last = _step_costs(c, run), _last_use(c, run)
-    ok = _cut_points(c, run, last)
-    reads = _reads(c)
-    m = len(run)
-    best, back = [0.0] + [math.inf] * m, [None] * (m + 1)
-    for j in range(1, m + 1):
-        if not ok[j]:
+    """[(lo, hi, estimated seconds)] of the cheapest cutting of `run` within `limits`. A run that
+    repeats one stretch of steps (a stack of identical layers) is cut in that stretch and the cuts
+    repeated, so every layer has the same regions (searched once)."""
+    data = _RunData(c, run, limits, target)
+    period = _period(run)
+    if period < len(run):
+        cuts = _dp(data, period)
+        if cuts is not None:
+            repeated = [(lo + k, hi + k, s) for k in range(0, len(run), period)
+                        for lo, hi, s in cuts]
+            if all(data.ok[lo] and data.ok[hi] for lo, hi, _ in repeated):
+                return repeated
+    cuts = _dp(data, len(run))
+    if cuts is None:     # nothing fits the limits at the allowed cuts: one step each
+        return [(k, k + 1, 0.0) for k in range(len(run))]
+    return cuts
+
+
+class _RunData:
+    """What the dynamic program reads about one run."""
+
+    def __init__(self, c: Classification, run, limits: Limits, target: str):
+        self.c, self.run, self.limits, self.target = c, run, limits, target
+        self.costs, self.last = _step_costs(c, run), _last_use(c, run)
+        self.ok = _cut_points(c, run, self.last)
+        self.reads = _reads(c)
+
+
+def _dp(d: _RunData, end: int) -> list[tuple] | None:
+    """The cheapest cutting of run[:end] (None when the limits admit none)."""
+    best, back = [0.0] + [math.inf] * end, [None] * (end + 1)
+    for j in range(1, end + 1):
+        if not d.ok[j]:
             continue
-        for i, seconds in _stretches_ending_at(c, run, costs, last, j, limits, target, reads):
-            if ok[i] and best[i] + seconds < best[j]:
+        for i, seconds in _stretches_ending_at(d.c, d.run, d.costs, d.last, j, d.limits,
+                                               d.target, d.reads):
+            if d.ok[i] and best[i] + seconds < best[j]:
                 best[j], back[j] = best[i] + seconds, (i, seconds)
-    if best[m] == math.inf:     # nothing fits the limits at the allowed cuts: one step each
-        return [(k, k + 1, 0.0) for k in range(m)] if m else []
-    cuts, j = [], m
+    if best[end] == math.inf:
+        return None
+    cuts, j = [], end
     while j:
         i, seconds = back[j]
         cuts.append((i, j, seconds))
         j = i
     return cuts[::-1]
+
+
+def _period(run) -> int:
+    """The shortest p that divides len(run) with step k like step k + p for every k (primitive,
+    operand and result types, parameters), or len(run)."""
+    sigs = [_signature(s) for s in run]
+    m = len(sigs)
+    for p in range(1, m // 2 + 1):
+        if m % p == 0 and all(sigs[k] == sigs[k % p] for k in range(p, m)):
+            return p
+    return m
+
+
+def _signature(step: Step) -> tuple:
+    eqn = step.eqn
+    avals = tuple(str(v.aval) for v in (*eqn.invars, *eqn.outvars))
+    literals = tuple(repr(x.val) for x in step.ins if isinstance(x, Literal))
+    return eqn.primitive.name, avals, literals, repr(sorted(eqn.params.items()))
 
 
 def _reads(c: Classification):

@@ -4,8 +4,8 @@
   once; the distinct ones go through an executor (in-process, a process pool, Dask), each under
   `cached_search` (a cache hit is re-verified, a miss searched and stored).
 * The budget: the user's `budget_seconds` is split evenly among the distinct regions, W of them
-  searched at a time by W workers: each gets budget x min(W, regions) / regions, so the searches
-  together take about the budget.
+  searched at a time by W workers: each gets budget x min(W, regions) / regions (at least 1 s,
+  the config's least), so the searches together take about the budget.
 * A region is fused when its winner has a custom kernel, is verified EQUIVALENT to the region's
   spec, and is estimated faster than the XLA-like baseline of the region (what jax.jit would
   launch for it); otherwise it stays JAX and the reason is kept.
@@ -45,11 +45,15 @@ class Outcome:
         return None if self.answer is None else self.answer.result.best
 
 
+MIN_REGION_SECONDS = 1.0     # SearchConfig's least budget
+
+
 def region_budget(total: float, distinct: int, workers: int) -> float:
-    """Seconds for each of `distinct` searches, `workers` at a time, within `total`."""
+    """Seconds for each of `distinct` searches, `workers` at a time, within `total` (but at least
+    MIN_REGION_SECONDS each)."""
     if distinct <= 0:
         return total
-    return total * min(max(1, workers), distinct) / distinct
+    return max(MIN_REGION_SECONDS, total * min(max(1, workers), distinct) / distinct)
 
 
 def search_regions(p: Partition, config, *, cache=None, executor=None, progress=None) -> list:
