@@ -4,8 +4,9 @@ and JAX for the rest, run as one `jax.jit` program (DESIGN.md §8).
 The pipeline, one line per step:
 
     trace once (search.flatten) -> classify each step (search.classify) -> schedule and cut into
-    regions (search.partition) -> search each distinct region, in parallel, through the cache
-    (search.regions) -> keep a region fused only where it beats jax.jit's estimate ->
+    regions (search.partition) -> search each distinct region, in parallel, through the cache,
+    cutting again the regions that find no fused kernel (search.regions.search_program) ->
+    keep a region fused only where it beats jax.jit's estimate ->
     never slower as a whole (search.regions.never_slower) -> check the stitched program against
     jax.jit(fn) (mugraph.whole_check) -> a `Program`
 
@@ -65,11 +66,14 @@ def no_region_error(prepared: Prepared) -> UnsupportedOp:
 
 def compile_program(prepared: Prepared, config, *, cache=None, executor=None) -> "Program":
     """Search the regions of `prepared` and build the Program (see the module docstring)."""
-    from mugraph.search.regions import never_slower, search_regions
+    from mugraph.search.regions import never_slower, search_program
     from mugraph.whole_check import check_whole
-    outcomes = search_regions(prepared.partition, config, cache=cache, executor=executor)
-    outcomes, estimates = never_slower(prepared.partition, outcomes, config.target)
+    partition, outcomes, rounds = search_program(prepared.partition, config, cache=cache,
+                                                 executor=executor)
+    prepared = Prepared(prepared.fn, partition)
+    outcomes, estimates = never_slower(partition, outcomes, config.target)
     program = Program(prepared, outcomes, estimates, config, cache)
+    program.rounds = rounds
     check = check_whole(program)
     if check.failed:
         program = program.all_jax(f"the stitched program disagreed with jax.jit(fn): "
@@ -89,6 +93,7 @@ class Program:
         self.config = config           # the SearchConfig the regions were searched under
         self.target = config.target
         self.check = None              # whole_check.WholeCheck, set by compile_program
+        self.rounds = ()               # search.regions.Round per round of region searches
         self._store = store
         self._kernels: dict | None = None
         self._jax: dict = {}
@@ -155,7 +160,9 @@ class Program:
         outcomes = [Outcome(o.region, False, why, o.answer, o.kernel_s, o.xla_s, o.same_as)
                     if o.fused else o for o in self.outcomes]
         est = whole_estimates(self.partition, outcomes, self.target)
-        return Program(self.prepared, outcomes, est, self.config, self._store)
+        program = Program(self.prepared, outcomes, est, self.config, self._store)
+        program.rounds = self.rounds
+        return program
 
     # -- running it --
     def as_jax(self, backend: str = "auto"):

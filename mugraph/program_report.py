@@ -79,16 +79,17 @@ class ProgramReport:
                 f"steps only JAX runs are charged {e.jax_only * 1e6:.2f} us on both sides")
 
     def _search_line(self) -> str:
-        from mugraph.search.regions import region_budget
         p = self.program
-        config = getattr(p, "config", None)
-        if config is None or not self.searched:
+        if not p.rounds:
             return "search: no region was searched"
-        per = region_budget(config.budget_seconds, self.searched, config.workers)
         shared = sum(o.same_as is not None for o in p.outcomes)
-        return (f"search: {self.searched} distinct regions searched ({shared} identical regions "
-                f"shared a search); the budget {config.budget_seconds:g} s split evenly: "
-                f"{per:.1f} s each, {min(config.workers, self.searched)} at a time")
+        rounds = "; ".join(f"round {k + 1}: {r.searched} searched, {r.seconds_each:.1f} s each"
+                           + (f", {r.split} regions that found no fused kernel cut again"
+                              if r.split else "")
+                           for k, r in enumerate(p.rounds))
+        workers = min(p.config.workers, max(r.searched for r in p.rounds) or 1)
+        return (f"search (budget {p.config.budget_seconds:g} s, {workers} at a time; identical "
+                f"regions share one search, {shared} shared here): {rounds}")
 
     def __str__(self) -> str:
         return self.text()

@@ -9,7 +9,8 @@ jax.jit's results are finite) and a special-value case (a row of +inf, a row of 
 zeros in one activation). Every float result must agree within the float test's tolerance for a
 different program (`disagreement_tolerance`: 8 roundings of its dtype, or the dtype's own
 tolerance where larger), NaN and +-inf exactly where jax.jit has them. Where the interpreter would
-run more than `WHOLE_CHECK_FLOPS`, the check is not run at the real shapes and says so.
+run more than `WHOLE_CHECK_FLOPS`, or the arguments drawn in float64 take more than
+`WHOLE_CHECK_BYTES`, the check is not run at the real shapes and says so.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 from mugraph.ir.dtypes import DType
 
 WHOLE_CHECK_FLOPS = 4e9        # interpreter work above which the real-shape run is skipped
+WHOLE_CHECK_BYTES = 2e9        # float64 draws of the arguments above which it is skipped too
 RANDOM_DRAWS = 2
 SCALE_TRIES = 6
 
@@ -62,12 +64,17 @@ def check_whole(program, seed: int = 0) -> WholeCheck:
 
 def _check(program, seed: int) -> WholeCheck:
     flops = _interpreter_flops(program)
-    if flops > WHOLE_CHECK_FLOPS:
-        return WholeCheck("not run", f"the stitched program was not run at the real shapes (its "
-                                     f"fused regions are {flops / 1e9:.1f} GFLOP through the "
-                                     f"interpreter, over {WHOLE_CHECK_FLOPS / 1e9:.0f}); each fused "
-                                     "region's winner was verified against its own spec by its "
-                                     "search")
+    flat = program.partition.program
+    drawn = sum(8 * np.prod(flat.value(v).shape, dtype=np.float64) for v in flat.inputs)
+    if flops > WHOLE_CHECK_FLOPS or drawn > WHOLE_CHECK_BYTES:
+        why = (f"its fused regions are {flops / 1e9:.1f} GFLOP through the interpreter, over "
+               f"{WHOLE_CHECK_FLOPS / 1e9:.0f}" if flops > WHOLE_CHECK_FLOPS else
+               f"its arguments drawn in float64 take {drawn / 1e9:.1f} GB, over "
+               f"{WHOLE_CHECK_BYTES / 1e9:.0f}")
+        return WholeCheck("not run", f"the stitched program was not run at the real shapes ({why})"
+                                     "; each fused region's winner was verified against its own "
+                                     "spec by its search (at the real shapes, sampled where "
+                                     "large)")
     cases = []
     for name, args in _cases(program, seed):
         worst = _compare(program, args)

@@ -23,7 +23,6 @@ from jax.extend.core import Literal
 from mugraph.ir.errors import MugraphError, UnsupportedOp
 from mugraph.ir.jax_frontend import (Opaque, View, boundary_view, closed_value, exported_node,
                                      lift_eqn, literal_value)
-from mugraph.ir.node import toposort
 from mugraph.search.flatten import FlatProgram, Step
 
 PROGRAM_OUTPUT = -1            # the consumer id of a value the function returns
@@ -188,7 +187,13 @@ def _reason(e: UnsupportedOp) -> str:
 
 
 def _new_nodes(outs, seen: set) -> tuple:
-    nodes = [o.node for o in outs if isinstance(o, View)]
-    fresh = [n for n in toposort(nodes) if n not in seen]
-    seen.update(fresh)
+    """The nodes under `outs` not in `seen` (which they join): the walk stops at seen nodes, so
+    the whole program costs one pass."""
+    fresh, stack = [], [o.node for o in outs if isinstance(o, View)]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            fresh.append(node)
+            stack.extend(node.srcs)
     return tuple(fresh)

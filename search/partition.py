@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import heapq
 import math
+
+import numpy as np
 from dataclasses import dataclass
 
 from jax.extend.core import Literal
@@ -57,6 +59,7 @@ class Region:
     spec: KernelGraph | None       # None: nothing to compute (layout only), or it did not lift
     note: str = ""                 # why there is no spec
     estimate_s: float = 0.0        # the partitioner's fused estimate
+    lifted: bool = True            # False: the steps do not lift as one region (see `note`)
 
     @property
     def matmuls(self) -> int:
@@ -92,7 +95,7 @@ def partition(program: FlatProgram, limits: Limits | None = None, target: str = 
     c = classification or classify(program)
     while True:
         order = schedule(c)
-        runs = _runs(c, order)
+        runs = _runs(c, order, _layer_boundaries(c, order))
         stuck = _stuck_across_runs(c, runs)
         if not stuck:
             break
@@ -127,17 +130,72 @@ def schedule(c: Classification) -> list[Step]:
     return order
 
 
-def _runs(c: Classification, order: list[Step]) -> list[list[Step]]:
+def _runs(c: Classification, order: list[Step], boundaries=frozenset()) -> list[list[Step]]:
+    """Maximal stretches of lifted steps, also ended at each position in `boundaries`."""
     runs, current = [], []
-    for step in order:
-        if c.kind(step.index) is Kind.LIFT:
-            current.append(step)
-        elif current:
+    for k, step in enumerate(order):
+        if current and (k in boundaries or c.kind(step.index) is not Kind.LIFT):
             runs.append(current)
             current = []
+        if c.kind(step.index) is Kind.LIFT:
+            current.append(step)
     if current:
         runs.append(current)
     return runs
+
+
+# ---- identical layers -----------------------------------------------------------------------------
+MIN_LAYER_STEPS = 4          # a repeated stretch shorter than this is not taken for a layer
+
+
+def _layer_boundaries(c: Classification, order: list[Step]) -> frozenset:
+    """Where the schedule repeats one stretch of steps (a stack of identical layers, JAX steps
+    included), the positions where each repetition starts: runs end there, so every layer is
+    cut alike, whatever its neighbours (a layer's last region never merges with the next
+    layer's first). The repeated stretch must cover at least half the schedule; a position
+    where a value that cannot leave a kernel crosses is left out."""
+    found = _repetition(np.array(_codes(order)))
+    if found is None:
+        return frozenset()
+    start, period, count = found
+    return frozenset(start + k * period for k in range(1, count + 1)) - _uncuttable(c, order)
+
+
+def _codes(order) -> list[int]:
+    codes: dict = {}
+    return [codes.setdefault(_signature(s), len(codes)) for s in order]
+
+
+def _repetition(codes: np.ndarray):
+    """(start, period, count) of the stretch of `count` >= 2 repetitions of one period covering
+    the most of `codes` (at least half of it), or None."""
+    n, best = len(codes), None
+    for period in range(MIN_LAYER_STEPS, n // 2 + 1):
+        same = codes[:-period] == codes[period:]
+        run, start, longest = 0, 0, (0, 0)
+        for i, ok in enumerate(same):
+            run = run + 1 if ok else 0
+            if run > longest[0]:
+                longest = (run, i - run + 1)
+        count = (longest[0] + period) // period
+        if count >= 2 and 2 * count * period >= n and \
+                (best is None or count * period > best[1] * best[2]):
+            best = (longest[1], period, count)
+    return best
+
+
+def _uncuttable(c: Classification, order) -> set:
+    """Positions a value that cannot leave a kernel crosses (from its maker to its last use)."""
+    pos = {s.index: k for k, s in enumerate(order)}
+    bad: set = set()
+    for s in order:
+        if c.kind(s.index) is not Kind.LIFT:
+            continue
+        for vid in s.outs:
+            users = [pos[u] for u in c.consumers.get(vid, ()) if u in pos]
+            if users and c.exportable(vid) is not None:
+                bad.update(range(pos[s.index] + 1, max(users) + 1))
+    return bad
 
 
 def _stuck_across_runs(c: Classification, runs) -> dict:
@@ -216,12 +274,40 @@ def _cut_points(c: Classification, run, last: dict) -> list[bool]:
 
 
 def _cut(c: Classification, order, runs, limits: Limits, target: str) -> Partition:
-    regions, first_step = [], {}
+    memo: dict = {}     # identical runs (every layer of a stack) are cut once
+    pieces = []
     for run in runs:
-        for lo, hi, seconds in _best_cuts(c, run, limits, target):
-            region = lift_region(c, run[lo:hi], len(regions), seconds)
-            first_step[run[lo].index] = region.index
-            regions.append(region)
+        key = _run_key(c, run)
+        if key not in memo:
+            memo[key] = _best_cuts(c, run, limits, target)
+        pieces += [(run[lo:hi], seconds) for lo, hi, seconds in memo[key]]
+    return _assemble(c, order, pieces, limits)
+
+
+def _run_key(c: Classification, run) -> tuple:
+    """What the dynamic program reads of a run: each step's signature, where its operands come
+    from (a step of the run, by offset; a constant the region rebuilds; elsewhere) and whether
+    each result is read after the run."""
+    pos = {s.index: k for k, s in enumerate(run)}
+    last = _last_use(c, run)
+
+    def source(vid):
+        made = c.producer.get(vid)
+        if made in pos:
+            return pos[made]
+        return "free" if _free(c, vid) else "in"
+
+    return tuple((_signature(s), tuple(source(v) for v in s.value_ins()),
+                  tuple(math.isinf(last[o]) for o in s.outs)) for s in run)
+
+
+def _assemble(c: Classification, order, pieces, limits: Limits) -> Partition:
+    """The partition whose regions are `pieces` ([(steps, estimated seconds)] in run order)."""
+    regions, first_step = [], {}
+    for steps, seconds in pieces:
+        region = lift_region(c, steps, len(regions), seconds)
+        first_step[steps[0].index] = region.index
+        regions.append(region)
     in_region = {s.index for r in regions for s in r.steps}
     items = []
     for step in order:
@@ -232,10 +318,34 @@ def _cut(c: Classification, order, runs, limits: Limits, target: str) -> Partiti
     return Partition(c, tuple(items), tuple(regions), limits)
 
 
-def _best_cuts(c: Classification, run, limits: Limits, target: str) -> list[tuple]:
+def refine(p: Partition, split: dict, target: str = "h100") -> Partition:
+    """`p` with each region in `split` (region index -> tighter Limits) cut again by the same
+    dynamic program; a region the tighter limits admit no cutting of stays whole."""
+    pieces = []
+    for r in p.regions:
+        cuts = _best_cuts(p.classification, list(r.steps), split[r.index], target,
+                          whole_if_none=True) if r.index in split else None
+        pieces += [(r.steps[lo:hi], s) for lo, hi, s in cuts] if cuts else [(r.steps,
+                                                                              r.estimate_s)]
+    order = [s for kind, x in p.items for s in (p.regions[x].steps if kind == "region" else [x])]
+    return _assemble(p.classification, order, pieces, p.limits)
+
+
+def tighter(region: Region, limits: Limits) -> Limits | None:
+    """Limits that force `region` apart (one matmul fewer, half the ops), or None when it is as
+    small as a region gets (one matmul or none, a handful of ops)."""
+    if region.matmuls <= 1 and region.ops < 8 or len(region.steps) < 2:
+        return None
+    return Limits(max_matmuls=max(1, region.matmuls - 1), max_ops=max(4, region.ops // 2),
+                  max_outputs=limits.max_outputs)
+
+
+def _best_cuts(c: Classification, run, limits: Limits, target: str,
+               whole_if_none: bool = False) -> list[tuple]:
     """[(lo, hi, estimated seconds)] of the cheapest cutting of `run` within `limits`. A run that
     repeats one stretch of steps (a stack of identical layers) is cut in that stretch and the cuts
-    repeated, so every layer has the same regions (searched once)."""
+    repeated, so every layer has the same regions (searched once). Where the limits admit no
+    cutting: one step per region, or [] with `whole_if_none`."""
     data = _RunData(c, run, limits, target)
     period = _period(run)
     if period < len(run):
@@ -246,8 +356,8 @@ def _best_cuts(c: Classification, run, limits: Limits, target: str) -> list[tupl
             if all(data.ok[lo] and data.ok[hi] for lo, hi, _ in repeated):
                 return repeated
     cuts = _dp(data, len(run))
-    if cuts is None:     # nothing fits the limits at the allowed cuts: one step each
-        return [(k, k + 1, 0.0) for k in range(len(run))]
+    if cuts is None:     # nothing fits the limits at the allowed cuts
+        return [] if whole_if_none else [(k, k + 1, 0.0) for k in range(len(run))]
     return cuts
 
 
@@ -378,7 +488,8 @@ def _nodes_of(nodes):
 
 
 def _unlifted(steps, index, inputs, note: str) -> Region:
-    return Region(index, tuple(steps), tuple(v for v, _ in inputs), (), (), None, note)
+    return Region(index, tuple(steps), tuple(v for v, _ in inputs), (), (), None, note,
+                  lifted=False)
 
 
 def _region_arg(c: Classification, x, env: dict, inputs: list):

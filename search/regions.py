@@ -3,9 +3,12 @@
 * Identical regions (the same spec, so the same cache key: every layer of a model) are searched
   once; the distinct ones go through an executor (in-process, a process pool, Dask), each under
   `cached_search` (a cache hit is re-verified, a miss searched and stored).
-* The budget: the user's `budget_seconds` is split evenly among the distinct regions, W of them
-  searched at a time by W workers: each gets budget x min(W, regions) / regions (at least 1 s,
-  the config's least), so the searches together take about the budget.
+* The budget: a round's seconds are split evenly among the distinct regions it searches, W of
+  them at a time by W workers: each gets seconds x min(W, regions) / regions (at least 1 s, the
+  config's least), so the searches together take about the round's seconds. A region that finds
+  no fused kernel is cut again under tighter limits and its pieces searched in the next round
+  (`search_program`: the first round gets half of the user's `budget_seconds`, the second 30%,
+  the third 20%).
 * A region is fused when its winner has a custom kernel, is verified EQUIVALENT to the region's
   spec, and is estimated faster than the XLA-like baseline of the region (what jax.jit would
   launch for it); otherwise it stays JAX and the reason is kept.
@@ -56,26 +59,66 @@ def region_budget(total: float, distinct: int, workers: int) -> float:
     return max(MIN_REGION_SECONDS, total * min(max(1, workers), distinct) / distinct)
 
 
-def search_regions(p: Partition, config, *, cache=None, executor=None, progress=None) -> list:
+@dataclass(frozen=True)
+class Round:
+    """One round of region searches: how many distinct regions it searched, seconds each."""
+
+    searched: int
+    seconds_each: float
+    split: int                     # regions the round's failures were cut into, for the next
+
+
+ROUND_SHARES = (0.5, 0.3, 0.2)     # of the budget, for each round
+
+
+def search_program(p: Partition, config, *, cache=None, executor=None):
+    """Search the regions of `p`; where a region finds no fused kernel, cut it again under
+    tighter limits (one matmul fewer, half the ops: `partition.tighter`) and search the pieces,
+    for up to len(ROUND_SHARES) rounds; round k gets ROUND_SHARES[k] of the budget (fixed
+    shares, not the time left: the same program asks the cache the same questions).
+    Returns (the final partition, its outcomes, the rounds)."""
+    from mugraph.search.partition import refine, tighter
+    known, rounds = {}, []
+    for k, share in enumerate(ROUND_SHARES):
+        budget = max(MIN_REGION_SECONDS, config.budget_seconds * share)
+        fresh = len({r.spec for r in p.regions if r.spec is not None} - set(known))
+        outcomes = search_regions(p, config.replace(budget_seconds=budget), cache=cache,
+                                  executor=executor, known=known)
+        split = {o.region.index: t for o in outcomes if not o.fused and o.region.spec is not None
+                 and (t := tighter(o.region, p.limits)) is not None}
+        last = k == len(ROUND_SHARES) - 1
+        rounds.append(Round(fresh, region_budget(budget, fresh, config.workers),
+                            0 if last else len(split)))
+        if not split or last:
+            break
+        p = refine(p, split, config.target)
+    return p, outcomes, tuple(rounds)
+
+
+def search_regions(p: Partition, config, *, cache=None, executor=None, known=None) -> list:
     """An Outcome per region of `p` (in region order). `cache`: a ResultCache or None;
-    `executor`: a search.executors executor (default: by `config.workers`)."""
+    `executor`: a search.executors executor (default: by `config.workers`); `known`: answers by
+    spec from earlier rounds (used as they are; new ones are added)."""
     from mugraph.search.executors import make_executor
+    known = {} if known is None else known
     searchable = [r for r in p.regions if r.spec is not None]
     groups: dict = {}
     for r in searchable:
         groups.setdefault(r.spec, []).append(r.index)
-    distinct = list(groups)
-    per = region_budget(config.budget_seconds, len(distinct), config.workers)
-    sub = config.replace(budget_seconds=per, workers=1)
-    own = executor is None
-    executor = executor or make_executor(min(config.workers, max(1, len(distinct))))
-    folder = str(cache.folder) if cache is not None else None
-    try:
-        answers = list(executor.map(search_task, [(spec, sub, folder) for spec in distinct]))
-    finally:
-        if own:
-            executor.close()
-    by_spec = dict(zip(distinct, answers))
+    distinct = [spec for spec in groups if spec not in known]
+    if distinct:
+        per = region_budget(config.budget_seconds, len(distinct), config.workers)
+        sub = config.replace(budget_seconds=per, workers=1)
+        own = executor is None
+        executor = executor or make_executor(min(config.workers, len(distinct)))
+        folder = str(cache.folder) if cache is not None else None
+        try:
+            answers = list(executor.map(search_task, [(spec, sub, folder) for spec in distinct]))
+        finally:
+            if own:
+                executor.close()
+        known.update(zip(distinct, answers))
+    by_spec = known
     outcomes = []
     for r in p.regions:
         if r.spec is None:
@@ -157,15 +200,12 @@ def whole_estimates(p: Partition, outcomes: list, target: str) -> Estimates:
     fused = [o for o in outcomes if o.fused]
     jax_only = _jax_steps_estimate(p, target)
     whole = _lifted_graph(p, set())
-    if whole is None:
-        return Estimates(None, None, None, jax_only, "the lifted steps do not lift together")
     rest = _lifted_graph(p, {o.region.index for o in fused})
-    rest_s = 0.0 if rest is None or rest == "empty" else xla_estimate(rest, target).seconds
-    if rest is None:
-        return Estimates(None, None, None, jax_only, "the lifted steps left to JAX do not lift "
-                                                     "together")
-    base = xla_estimate(whole, target).seconds if whole != "empty" else 0.0
-    unfused = estimate(whole, target).seconds if whole != "empty" else 0.0
+    if whole is False or rest is False:
+        return Estimates(None, None, None, jax_only, "the lifted steps do not lift together")
+    base = xla_estimate(whole, target).seconds if whole is not None else 0.0
+    unfused = estimate(whole, target).seconds if whole is not None else 0.0
+    rest_s = xla_estimate(rest, target).seconds if rest is not None else 0.0
     kernels = sum(o.kernel_s for o in fused)
     return Estimates(kernels + rest_s + jax_only, base + jax_only, unfused + jax_only, jax_only)
 
@@ -191,17 +231,15 @@ def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estim
 
 def _lifted_graph(p: Partition, leave_out: set):
     """The lifted steps outside the regions `leave_out`, lifted together (what jax.jit sees of
-    them): a KernelGraph, "empty" when there are none, None when they do not lift together."""
+    them): a KernelGraph, None when there is nothing to compute, False when they do not lift
+    together."""
     steps = [s for r in p.regions if r.index not in leave_out for s in r.steps]
     if not steps:
-        return "empty"
+        return None
     order = {s.index: k for k, (kind, s) in enumerate(_flat_items(p))}
     steps.sort(key=lambda s: order[s.index])
     region = lift_region(p.classification, steps)
-    if region.spec is None:
-        return "empty" if not region.note.startswith(("the region does not", "a result")) \
-            else None
-    return region.spec
+    return region.spec if region.lifted else False
 
 
 def _flat_items(p: Partition):

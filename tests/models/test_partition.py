@@ -39,7 +39,7 @@ def test_nested_calls_are_inlined_and_dead_steps_dropped():
         return jax.nn.relu(x) * 2.0          # relu is a custom_jvp call inside a jit
 
     def fn(x, w):
-        unused = jnp.sin(x)                  # dead: never reaches an output
+        _ = jnp.sin(x)                       # dead: never reaches an output
         return inner(x) @ w
 
     p = flatten_program(fn, [S((8, 16), jnp.float32), S((16, 4), jnp.float32)])
