@@ -100,7 +100,7 @@ def _norm_args(seed):
     return [rng.standard_normal(a.shape).astype(np.float32) for a in NORM_ARGS]
 
 
-def test_a_fused_region_runs_beside_jax_steps_on_every_path(fused):
+def test_a_fused_region_runs_beside_jax_steps_on_every_path(fused, cache):
     assert isinstance(fused, Program)
     assert len(fused.fused) == 1 and fused.report.jax_steps[0][0] == "sort"
     assert fused.check.status == "EQUIVALENT"
@@ -115,6 +115,17 @@ def test_a_fused_region_runs_beside_jax_steps_on_every_path(fused):
     again = mugraph.superoptimize(_norm_then_sort, *NORM_ARGS, config=CHEAP, cache=cache,
                                   progress=False)
     assert again.check.status == "EQUIVALENT" and "kept beside the result cache" in again.check.text
+
+
+def test_the_cuda_backend_is_one_program_with_a_custom_call_per_fused_region(fused):
+    from mugraph.jax_integration import as_jax
+    from mugraph.stitch import as_jax_program
+    fns = {i: as_jax(k, "cuda", require_device=False) for i, k in fused.kernels.items()}
+    f = as_jax_program(fused.plan, fns, fused.fn)
+    text = f.trace(*NORM_ARGS).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @mugraph_launch" in line]
+    assert len(calls) == sum(len(k.graph.custom_ops()) for k in fused.kernels.values())
+    assert "sort" in text
 
 
 def test_grad_and_vmap_of_a_program_of_regions(fused):

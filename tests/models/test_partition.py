@@ -49,6 +49,31 @@ def test_nested_calls_are_inlined_and_dead_steps_dropped():
     assert [p.value(v).name for v in p.inputs] == ["x", "w"]
 
 
+def test_custom_vjp_and_remat_bodies_are_inlined_and_run_as_written():
+    @jax.custom_vjp
+    def scaled(x):
+        return x * 3.0
+
+    scaled.defvjp(lambda x: (scaled(x), None), lambda _, g: (g * 3.0,))
+
+    @jax.checkpoint
+    def block(x, w):
+        return jnp.tanh(scaled(x) @ w)
+
+    def fn(x, w):
+        return jnp.sort(block(x, w), axis=-1)
+
+    args = [S((8, 16), jnp.float32), S((16, 16), jnp.float32)]
+    part = partition(flatten_program(fn, args))
+    prims = {s.primitive for s in part.program.steps}
+    assert not prims & {"custom_vjp_call", "checkpoint", "remat", "pjit"}
+    assert [s.primitive for s in part.jax_steps()] == ["sort"]
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(a.shape).astype(np.float32) for a in args)
+    got = host_program(Plan(part, {}), None)(x, w)
+    np.testing.assert_allclose(got[0], jax.jit(fn)(x, w), rtol=1e-6)
+
+
 def test_top_k_and_the_integer_ops_after_it_stay_jax_with_reasons():
     _, part = _small("moe_top2")
     c = part.classification
