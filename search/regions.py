@@ -210,23 +210,55 @@ def whole_estimates(p: Partition, outcomes: list, target: str) -> Estimates:
     return Estimates(kernels + rest_s + jax_only, base + jax_only, unfused + jax_only, jax_only)
 
 
+MAX_ESTIMATES = 40      # whole-program estimates spent choosing which regions stay fused
+
+
 def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estimates]:
-    """Outcomes with fused regions returned to JAX, least gain first, until the stitched
-    estimate is no slower than the whole program's XLA-like baseline."""
+    """The fused regions the whole-program estimate prefers, and its Estimates. From every
+    region that wins alone, the group of identical regions whose return to JAX lowers the
+    stitched estimate most goes back, while one does (XLA fuses a region's ops with its
+    neighbours, which a custom kernel's edge prevents; at most MAX_ESTIMATES estimates); then,
+    while the stitched program is still estimated slower than the whole program's XLA-like
+    baseline, the group that gains least alone goes back, down to `fn` itself."""
     outcomes = list(outcomes)
-    while True:
-        est = whole_estimates(p, outcomes, target)
-        fused = [o for o in outcomes if o.fused]
-        if not fused or est.stitched is None or est.baseline is None or \
-                est.stitched <= est.baseline:
-            return outcomes, est
-        worst = min(fused, key=lambda o: o.xla_s - o.kernel_s)
+    est, spent = whole_estimates(p, outcomes, target), 1
+    while spent < MAX_ESTIMATES and est.stitched is not None:
+        trials = []
+        for spec in _fused_specs(outcomes):
+            trial = _to_jax(outcomes, spec, None)
+            trials.append((whole_estimates(p, trial, target), spec))
+            spent += 1
+        better = min(trials, key=lambda t: t[0].stitched, default=None)
+        if better is None or better[0].stitched >= est.stitched * (1 - 1e-9):
+            break
+        outcomes = _to_jax(outcomes, better[1], _whole_reason(est, better[0]))
+        est = better[0]
+    while _fused_specs(outcomes) and est.stitched is not None and est.baseline is not None \
+            and est.stitched > est.baseline:
+        worst = min((o for o in outcomes if o.fused), key=lambda o: o.xla_s - o.kernel_s)
         why = (f"fused alone it is estimated faster ({worst.kernel_s * 1e6:.2f} us vs "
                f"{worst.xla_s * 1e6:.2f} us), but the stitched program was estimated "
-               f"{est.stitched * 1e6:.2f} us against jax.jit's {est.baseline * 1e6:.2f} us for the "
-               "whole (XLA fuses across the region's edges)")
-        outcomes = [Outcome(o.region, False, why, o.answer, o.kernel_s, o.xla_s, o.same_as)
-                    if o.region.spec is worst.region.spec and o.fused else o for o in outcomes]
+               f"{est.stitched * 1e6:.2f} us against jax.jit's {est.baseline * 1e6:.2f} us for "
+               "the whole (XLA fuses across the region's edges)")
+        outcomes = _to_jax(outcomes, worst.region.spec, why)
+        est = whole_estimates(p, outcomes, target)
+    return outcomes, est
+
+
+def _fused_specs(outcomes) -> list:
+    return list(dict.fromkeys(o.region.spec for o in outcomes if o.fused))
+
+
+def _to_jax(outcomes, spec, why) -> list:
+    """`outcomes` with every fused region of `spec` kept as JAX (for `why`)."""
+    return [Outcome(o.region, False, why or "", o.answer, o.kernel_s, o.xla_s, o.same_as)
+            if o.fused and o.region.spec is spec else o for o in outcomes]
+
+
+def _whole_reason(before: Estimates, after: Estimates) -> str:
+    return (f"fused alone it is estimated faster, but the whole program is estimated faster with "
+            f"it as JAX ({after.stitched * 1e6:.2f} us against {before.stitched * 1e6:.2f} us): "
+            "XLA fuses its ops with its neighbours")
 
 
 def _lifted_graph(p: Partition, leave_out: set):

@@ -189,3 +189,23 @@ def test_program_outputs_are_marked():
     assert PROGRAM_OUTPUT in c.consumers[out]
     assert any(r.spec is not None and any(n.op is KOp.MATMUL for n in r.spec.nodes)
                for r in part.regions)
+
+
+def test_never_slower_returns_regions_to_jax_until_the_whole_is_no_slower():
+    from mugraph.search.baseline import xla_estimate
+    from mugraph.search.regions import Outcome, never_slower, whole_estimates
+    inst = models.get("single_head_block").at("small")
+    part = partition(flatten_program(inst.fn, inst.example_args),
+                     Limits(max_matmuls=1, max_ops=3, max_outputs=1))
+    # each region "fused" by a kernel 1% faster than jax.jit's launches for it alone: the whole
+    # loses, since XLA fuses across the (many) cuts
+    outcomes = [Outcome(r, True, "", None, 0.99 * xla_estimate(r.spec).seconds,
+                        xla_estimate(r.spec).seconds) if r.spec is not None else Outcome(r, False)
+                for r in part.regions]
+    before = whole_estimates(part, outcomes, "h100")
+    assert before.stitched > before.baseline
+    kept, after = never_slower(part, outcomes, "h100")
+    assert after.stitched <= after.baseline and after.speedup >= 1.0
+    assert all(o.reason for o in kept if not o.fused)
+    nothing = whole_estimates(part, [Outcome(r, False) for r in part.regions], "h100")
+    assert nothing.stitched == pytest.approx(nothing.baseline)      # all JAX: fn itself, 1.0x
