@@ -211,3 +211,28 @@ def test_a_kernel_estimated_slower_than_jax_jit_is_said_so_and_not_used(cache):
     fn = mugraph.jit(_sigmoid, backend="harness", config=config, cache=cache)
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     np.testing.assert_array_equal(fn(x), _sigmoid(x))
+
+
+def _two_regions(x, w):
+    """exp(x @ w), a sort (JAX), tanh(. @ w): two distinct regions around a JAX step."""
+    return jnp.tanh(jnp.sort(jnp.exp(x @ w), axis=-1) @ w)
+
+
+def test_regions_searched_by_a_process_pool_give_the_in_process_answer():
+    from mugraph.program import prepare
+    from mugraph.search.executors import InProcess, ProcessPool
+    from mugraph.search.regions import search_regions
+    args = [S((16, 32), jnp.float16), S((32, 32), jnp.float16)]
+    p = prepare(_two_regions, args).partition
+    config = SearchConfig(max_kernel_ops=1, budget_seconds=60, budget_states=300)
+    alone = search_regions(p, config, executor=InProcess())
+    pool = ProcessPool(2)
+    try:
+        parallel = search_regions(p, config, executor=pool)
+    finally:
+        pool.close()
+    assert len({o.region.spec for o in alone}) == 2
+    assert [o.fused for o in parallel] == [o.fused for o in alone] == [True, True]
+    assert [o.kernel for o in parallel] == [o.kernel for o in alone]
+    assert [o.answer.result.report.states for o in parallel] == \
+        [o.answer.result.report.states for o in alone]
