@@ -116,7 +116,7 @@ def _status(o) -> str:
 
 def _shape(p, o) -> str:
     r = o.region
-    what = describe_region(p.partition, r)
+    what = describe_region(r)
     if r.spec is None:
         return what
     return f"{what}; {r.matmuls} matmuls, {r.ops} ops, {len(r.inputs)} in, {len(r.outputs)} out"
@@ -164,7 +164,7 @@ def picture_rows(p) -> list[ProgramRow]:
             o = p.outcomes[row[1]]
             r = o.region
             head = f"R{r.index} fused" if o.fused else f"R{r.index} kept as JAX"
-            lines = [head, describe_region(p.partition, r)[:80]]
+            lines = [head, describe_region(r)[:80]]
             if not o.fused:
                 lines.append(o.reason[:100])
             graph = p.kernels[r.index].graph if o.fused else None

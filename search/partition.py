@@ -10,29 +10,24 @@
    writes its outputs once (`cost.fused_kernel`, the library-kernel formula). A cut through a
    large tensor costs its write and its read, and each region a launch. A cut may not separate a
    value that cannot leave a kernel (a mask, an index, rank > 4).
-3. Lift each region alone (`lift_region`): values from outside enter as inputs named in0, in1,
-   ... in first-use order and its results leave as out0, out1, ...: the same structure at the
-   same shapes (every layer of a model) is the same KernelGraph, so one search serves them all.
+3. Lift each region alone (`search.region.lift_region`): the same structure at the same shapes
+   is the same KernelGraph, so one search serves them all; identical layers are cut alike
+   (`search.layers`).
 """
 from __future__ import annotations
 
 import heapq
 import math
-
-import numpy as np
 from dataclasses import dataclass
 
-from jax.extend.core import Literal
-
-from mugraph.ir.errors import MugraphError, UnsupportedOp
-from mugraph.ir.graph import KernelGraph
-from mugraph.ir.jax_frontend import (Const, Opaque, boundary_view, exported_node, lift_eqn,
-                                     literal_value)
-from mugraph.ir.node import kernel_input, toposort
-from mugraph.ir.ops import KERNEL_LAYOUT, KERNEL_LEAF, KOp
+from mugraph.ir.jax_frontend import Const
+from mugraph.ir.node import kernel_input
+from mugraph.ir.ops import KOp
 from mugraph.search.classify import PROGRAM_OUTPUT, Classification, Kind, classify
 from mugraph.search.cost import fused_kernel, kernel_node_flops
 from mugraph.search.flatten import FlatProgram, Step
+from mugraph.search.layers import layer_boundaries, period, signature
+from mugraph.search.region import Region, describe_region, is_compute, lift_region, rebuilt
 
 
 @dataclass(frozen=True)
@@ -45,29 +40,6 @@ class Limits:
     max_matmuls: int = 3
     max_ops: int = 32              # compute ops (layout views and leaves excluded)
     max_outputs: int = 2
-
-
-@dataclass(frozen=True)
-class Region:
-    """A stretch of lifted steps searched as one program."""
-
-    index: int
-    steps: tuple                   # Step, in schedule order
-    inputs: tuple                  # value ids entering, in the spec's input order (in0, in1, ...)
-    outputs: tuple                 # value ids leaving, in the spec's output order (out0, ...)
-    free_outputs: tuple            # (value id, number): results that are one constant (JAX fills)
-    spec: KernelGraph | None       # None: nothing to compute (layout only), or it did not lift
-    note: str = ""                 # why there is no spec
-    estimate_s: float = 0.0        # the partitioner's fused estimate
-    lifted: bool = True            # False: the steps do not lift as one region (see `note`)
-
-    @property
-    def matmuls(self) -> int:
-        return 0 if self.spec is None else sum(n.op is KOp.MATMUL for n in self.spec.nodes)
-
-    @property
-    def ops(self) -> int:
-        return 0 if self.spec is None else sum(_is_compute(n) for n in self.spec.nodes)
 
 
 @dataclass(frozen=True)
@@ -95,7 +67,7 @@ def partition(program: FlatProgram, limits: Limits | None = None, target: str = 
     c = classification or classify(program)
     while True:
         order = schedule(c)
-        runs = _runs(c, order, _layer_boundaries(c, order))
+        runs = _runs(c, order, layer_boundaries(c, order))
         stuck = _stuck_across_runs(c, runs)
         if not stuck:
             break
@@ -144,60 +116,6 @@ def _runs(c: Classification, order: list[Step], boundaries=frozenset()) -> list[
     return runs
 
 
-# ---- identical layers -----------------------------------------------------------------------------
-MIN_LAYER_STEPS = 4          # a repeated stretch shorter than this is not taken for a layer
-
-
-def _layer_boundaries(c: Classification, order: list[Step]) -> frozenset:
-    """Where the schedule repeats one stretch of steps (a stack of identical layers, JAX steps
-    included), the positions where each repetition starts: runs end there, so every layer is
-    cut alike, whatever its neighbours (a layer's last region never merges with the next
-    layer's first). The repeated stretch must cover at least half the schedule; a position
-    where a value that cannot leave a kernel crosses is left out."""
-    found = _repetition(np.array(_codes(order)))
-    if found is None:
-        return frozenset()
-    start, period, count = found
-    return frozenset(start + k * period for k in range(1, count + 1)) - _uncuttable(c, order)
-
-
-def _codes(order) -> list[int]:
-    codes: dict = {}
-    return [codes.setdefault(_signature(s), len(codes)) for s in order]
-
-
-def _repetition(codes: np.ndarray):
-    """(start, period, count) of the stretch of `count` >= 2 repetitions of one period covering
-    the most of `codes` (at least half of it), or None."""
-    n, best = len(codes), None
-    for period in range(MIN_LAYER_STEPS, n // 2 + 1):
-        same = codes[:-period] == codes[period:]
-        run, start, longest = 0, 0, (0, 0)
-        for i, ok in enumerate(same):
-            run = run + 1 if ok else 0
-            if run > longest[0]:
-                longest = (run, i - run + 1)
-        count = (longest[0] + period) // period
-        if count >= 2 and 2 * count * period >= n and \
-                (best is None or count * period > best[1] * best[2]):
-            best = (longest[1], period, count)
-    return best
-
-
-def _uncuttable(c: Classification, order) -> set:
-    """Positions a value that cannot leave a kernel crosses (from its maker to its last use)."""
-    pos = {s.index: k for k, s in enumerate(order)}
-    bad: set = set()
-    for s in order:
-        if c.kind(s.index) is not Kind.LIFT:
-            continue
-        for vid in s.outs:
-            users = [pos[u] for u in c.consumers.get(vid, ()) if u in pos]
-            if users and c.exportable(vid) is not None:
-                bad.update(range(pos[s.index] + 1, max(users) + 1))
-    return bad
-
-
 def _stuck_across_runs(c: Classification, runs) -> dict:
     """Values one run makes and a later run reads that cannot leave a kernel: their producers
     must become JAX (step index -> why)."""
@@ -216,10 +134,6 @@ def _stuck_across_runs(c: Classification, runs) -> dict:
 
 
 # ---- the dynamic program ------------------------------------------------------------------------
-def _is_compute(node) -> bool:
-    return node.op not in KERNEL_LAYOUT and node.op not in KERNEL_LEAF
-
-
 @dataclass
 class _StepCost:
     matmuls: int
@@ -232,16 +146,11 @@ def _step_costs(c: Classification, run) -> list[_StepCost]:
     out = []
     for step in run:
         nodes = c.built.get(step.index, ())
-        flops = [kernel_node_flops(n, pad=False) for n in nodes if _is_compute(n)]
+        flops = [kernel_node_flops(n, pad=False) for n in nodes if is_compute(n)]
         out.append(_StepCost(sum(n.op is KOp.MATMUL for n in nodes),
-                             sum(_is_compute(n) for n in nodes),
+                             sum(is_compute(n) for n in nodes),
                              sum(f[0] for f in flops), sum(f[1] for f in flops)))
     return out
-
-
-def _free(c: Classification, vid) -> bool:
-    """A constant the region rebuilds itself (uniform, or an index expression)."""
-    return c.is_const(vid) and not isinstance(c.lifted.get(vid), Opaque)
 
 
 def _last_use(c: Classification, run) -> dict:
@@ -295,9 +204,9 @@ def _run_key(c: Classification, run) -> tuple:
         made = c.producer.get(vid)
         if made in pos:
             return pos[made]
-        return "free" if _free(c, vid) else "in"
+        return "free" if rebuilt(c, vid) else "in"
 
-    return tuple((_signature(s), tuple(source(v) for v in s.value_ins()),
+    return tuple((signature(s), tuple(source(v) for v in s.value_ins()),
                   tuple(math.isinf(last[o]) for o in s.outs)) for s in run)
 
 
@@ -347,11 +256,11 @@ def _best_cuts(c: Classification, run, limits: Limits, target: str,
     repeated, so every layer has the same regions (searched once). Where the limits admit no
     cutting: one step per region, or [] with `whole_if_none`."""
     data = _RunData(c, run, limits, target)
-    period = _period(run)
-    if period < len(run):
-        cuts = _dp(data, period)
+    repeat = period(run)
+    if repeat < len(run):
+        cuts = _dp(data, repeat)
         if cuts is not None:
-            repeated = [(lo + k, hi + k, s) for k in range(0, len(run), period)
+            repeated = [(lo + k, hi + k, s) for k in range(0, len(run), repeat)
                         for lo, hi, s in cuts]
             if all(data.ok[lo] and data.ok[hi] for lo, hi, _ in repeated):
                 return repeated
@@ -391,24 +300,6 @@ def _dp(d: _RunData, end: int) -> list[tuple] | None:
     return cuts[::-1]
 
 
-def _period(run) -> int:
-    """The shortest p that divides len(run) with step k like step k + p for every k (primitive,
-    operand and result types, parameters), or len(run)."""
-    sigs = [_signature(s) for s in run]
-    m = len(sigs)
-    for p in range(1, m // 2 + 1):
-        if m % p == 0 and all(sigs[k] == sigs[k % p] for k in range(p, m)):
-            return p
-    return m
-
-
-def _signature(step: Step) -> tuple:
-    eqn = step.eqn
-    avals = tuple(str(v.aval) for v in (*eqn.invars, *eqn.outvars))
-    literals = tuple(repr(x.val) for x in step.ins if isinstance(x, Literal))
-    return eqn.primitive.name, avals, literals, repr(sorted(eqn.params.items()))
-
-
 def _reads(c: Classification):
     """A kernel_input node per value id (the cost model reads bytes off nodes)."""
     made = {}
@@ -444,7 +335,7 @@ def _stretches_ending_at(c, run, costs, last, j, limits: Limits, target: str, re
             if last[vid] >= j and not isinstance(c.lifted.get(vid), Const):
                 outputs.add(vid)
         for vid in step.value_ins():
-            if vid not in made and not _free(c, vid):
+            if vid not in made and not rebuilt(c, vid):
                 inputs[vid] = True
         if len(outputs) > limits.max_outputs:
             continue
@@ -453,73 +344,5 @@ def _stretches_ending_at(c, run, costs, last, j, limits: Limits, target: str, re
         yield i, k.seconds
 
 
-# ---- one region as a KernelGraph ------------------------------------------------------------------
-def lift_region(c: Classification, steps, index: int = 0, seconds: float = 0.0) -> Region:
-    """The region of `steps` with its spec (canonical names: in0.., out0..)."""
-    inside = {s.index for s in steps}
-    env, inputs = {}, []
-    try:
-        for step in steps:
-            args = [_region_arg(c, x, env, inputs) for x in step.ins]
-            env.update(zip(step.outs, lift_eqn(step.eqn, args)))
-    except (UnsupportedOp, MugraphError) as e:
-        return _unlifted(steps, index, inputs, f"the region does not lift alone: "
-                                                f"{e.message.splitlines()[0]}")
-    leaving = [v for s in steps for v in s.outs
-               if any(u == PROGRAM_OUTPUT or u not in inside for u in c.consumers.get(v, ()))]
-    outputs = [v for v in leaving if not isinstance(env[v], Const)]
-    free = tuple((v, env[v].value) for v in leaving if isinstance(env[v], Const))
-    try:
-        nodes = [exported_node(env[v], c.program.value(v).shape, c.program.value(v).dtype)
-                 for v in outputs]
-    except MugraphError as e:
-        return _unlifted(steps, index, inputs, f"a result cannot leave the region: "
-                                                f"{e.message.splitlines()[0]}")
-    if not nodes or not any(_is_compute(n) for n in _nodes_of(nodes)):
-        return Region(index, tuple(steps), tuple(v for v, _ in inputs), tuple(outputs), free,
-                      None, "nothing to compute (layout changes only)", seconds)
-    spec = KernelGraph(nodes, inputs=[n for _, n in inputs])
-    return Region(index, tuple(steps), tuple(v for v, _ in inputs), tuple(outputs), free, spec,
-                  "", seconds)
-
-
-def _nodes_of(nodes):
-    return toposort(nodes)
-
-
-def _unlifted(steps, index, inputs, note: str) -> Region:
-    return Region(index, tuple(steps), tuple(v for v, _ in inputs), (), (), None, note,
-                  lifted=False)
-
-
-def _region_arg(c: Classification, x, env: dict, inputs: list):
-    """A step operand inside a region: a literal, a value made in the region, a constant the
-    region rebuilds, or a new input."""
-    if isinstance(x, Literal):
-        return literal_value(x)
-    if x in env:
-        return env[x]
-    if _free(c, x):
-        return c.lifted[x]
-    v = c.program.value(x)
-    view = boundary_view(f"in{len(inputs)}", v.shape, v.dtype)
-    if view is None:
-        raise UnsupportedOp(f"{v.describe()} cannot enter a kernel", primitive="input")
-    env[x] = view
-    inputs.append((x, view.node))
-    return view
-
-
-def describe_region(p: Partition, region: Region) -> str:
-    """One line: the steps' primitives and where they come from."""
-    prims = [s.primitive for s in region.steps if s.primitive not in _QUIET]
-    counts: dict = {}
-    for name in prims:
-        counts[name] = counts.get(name, 0) + 1
-    shown = ", ".join(f"{n} x{k}" if k > 1 else n for n, k in counts.items())
-    return shown or "layout only"
-
-
-_QUIET = frozenset({"broadcast_in_dim", "reshape", "squeeze", "transpose", "convert_element_type",
-                    "stop_gradient", "copy", "copy_p"})
-
+__all__ = ["Limits", "Partition", "Region", "describe_region", "lift_region", "partition",
+           "refine", "schedule", "tighter"]

@@ -157,8 +157,9 @@ def test_limits_bound_every_region():
     assert sum(r.matmuls for r in tight.regions) == sum(r.matmuls for r in loose.regions) == 9
 
 
-def test_identical_layers_cut_into_identical_regions():
-    one = models.get("single_head_block").at("small")
+@pytest.mark.parametrize("name", ["single_head_block", "moe_top2"])
+def test_identical_layers_cut_into_identical_regions(name):
+    one = models.get(name).at("small")      # moe_top2: top_k (JAX) inside every layer
     three = models.stack(one, 3)
     single = partition(flatten_program(one.fn, one.example_args))
     stacked = partition(flatten_program(three.fn, three.example_args))
