@@ -362,7 +362,12 @@ class _Compiled:
         key = (in_tree, tuple((tuple(np.shape(x)), str(np.dtype(x.dtype))) for x in leaves))
         if key not in self.kernels:
             self.kernels[key] = self._compile(args)
-        return _run_compiled(self.kernels[key], self.fn, backend, args, leaves)
+        return _run_compiled(self.kernels[key], self.jitted, backend, args, leaves)
+
+    @functools.cached_property
+    def jitted(self):
+        """jax.jit(fn): what runs where mugraph's kernel is estimated slower."""
+        return jax.jit(self.fn)
 
     def _compile(self, args):
         specs = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
@@ -376,13 +381,13 @@ class _Compiled:
             return _build(plan, config, cache=self.cache, executor=self.executor, strict=False)
 
 
-def _run_compiled(found, fn, backend: str, args, leaves):
+def _run_compiled(found, jitted, backend: str, args, leaves):
     """Run what `jit` compiled: a Program as one JAX program, a Kernel through its custom call,
-    or `fn` itself where the kernel is estimated slower than jax.jit."""
+    or `jax.jit(fn)` where the kernel is estimated slower than it."""
     if not isinstance(found, Kernel):
         return found.as_jax(backend)(*args)
     if found.slower_than_jax:
-        return fn(*args)
+        return jitted(*args)
     outs = found.as_jax(backend)(*leaves)
     outs = outs if isinstance(outs, tuple) else (outs,)
     return jax.tree_util.tree_unflatten(found.fn.out_tree, list(outs))

@@ -169,12 +169,13 @@ class Program:
         """A JAX-traceable function of `fn`'s arguments returning `fn`'s results: the fused
         regions as their kernels' custom calls (`backend` as `Kernel.as_jax`), the rest as JAX
         ops, in one program; under `jax.grad` its backward is JAX's VJP of `fn`, under
-        `jax.vmap` each fused region runs once per batch element. With nothing fused it is `fn`."""
+        `jax.vmap` each fused region runs once per batch element. With nothing fused it is
+        `jax.jit(fn)`."""
         from mugraph.jax_integration import resolve_backend
         backend = resolve_backend(backend)
         if backend not in self._jax:
             if not self.fused:
-                self._jax[backend] = self.fn
+                self._jax[backend] = jax.jit(self.fn)
             else:
                 fns = {i: k.as_jax(backend) for i, k in self.kernels.items()}
                 self._jax[backend] = as_jax_program(self.plan, fns, self.fn)

@@ -75,10 +75,11 @@ def search_program(p: Partition, config, *, cache=None, executor=None):
     """Search the regions of `p`; where a region finds no fused kernel, cut it again under
     tighter limits (one matmul fewer, half the ops: `partition.tighter`) and search the pieces,
     for up to len(ROUND_SHARES) rounds; round k gets ROUND_SHARES[k] of the budget (fixed
-    shares, not the time left: the same program asks the cache the same questions).
-    Returns (the final partition, its outcomes, the rounds)."""
+    shares, not the time left: the same program asks the cache the same questions). No round
+    starts once the rounds so far were given the whole budget (each search takes at least
+    MIN_REGION_SECONDS). Returns (the final partition, its outcomes, the rounds)."""
     from mugraph.search.partition import refine, tighter
-    known, rounds = {}, []
+    known, rounds, given = {}, [], 0.0
     for k, share in enumerate(ROUND_SHARES):
         budget = max(MIN_REGION_SECONDS, config.budget_seconds * share)
         fresh = len({r.spec for r in p.regions if r.spec is not None} - set(known))
@@ -86,9 +87,10 @@ def search_program(p: Partition, config, *, cache=None, executor=None):
                                   executor=executor, known=known)
         split = {o.region.index: t for o in outcomes if not o.fused and o.region.spec is not None
                  and (t := tighter(o.region, p.limits)) is not None}
-        last = k == len(ROUND_SHARES) - 1
-        rounds.append(Round(fresh, region_budget(budget, fresh, config.workers),
-                            0 if last else len(split)))
+        each = region_budget(budget, fresh, config.workers)
+        given += each * fresh / max(1, min(config.workers, fresh))
+        last = k == len(ROUND_SHARES) - 1 or given >= config.budget_seconds
+        rounds.append(Round(fresh, each, 0 if last else len(split)))
         if not split or last:
             break
         p = refine(p, split, config.target)

@@ -153,7 +153,7 @@ def test_identical_layers_are_searched_once(cache):
     assert len(stacked.outcomes) == 3 * len(single.outcomes)
     assert stacked.report.searched == single.report.searched
     assert sum(o.same_as is not None for o in stacked.outcomes) == 2 * len(single.outcomes)
-    assert "identical regions shared a search" in str(stacked.report)
+    assert f"{2 * len(single.outcomes)} shared here" in str(stacked.report)
     args = three.args(0)
     assert_matches(stacked.run_reference(*args), jax.jit(three.fn)(*args))
 
@@ -210,7 +210,7 @@ def test_a_kernel_estimated_slower_than_jax_jit_is_said_so_and_not_used(cache):
     assert "mugraph.jit runs the JAX function instead" in kernel.show()
     fn = mugraph.jit(_sigmoid, backend="harness", config=config, cache=cache)
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
-    np.testing.assert_array_equal(fn(x), _sigmoid(x))
+    np.testing.assert_array_equal(fn(x), jax.jit(_sigmoid)(x))
 
 
 def _two_regions(x, w):
