@@ -77,7 +77,9 @@ def test_every_layer_runs_through_jit_on_the_harness_as_jax_jit_does(name, cache
     text = str(program.report)
     assert "whole-program check:" in text and "estimated end to end" in text
     for _, why in program.report.jax_steps:
-        assert why            # every step left to JAX says why
+        assert why and why in text     # every step left to JAX is listed with why
+    for _, why in program.report.kept_as_jax:
+        assert why
     assert program.speedup is None or program.speedup >= 1.0
 
 
@@ -141,6 +143,24 @@ def test_grad_and_vmap_of_a_program_of_regions(fused):
     xs = np.stack([x, 2 * x])
     assert_matches(jax.vmap(f, in_axes=(0, None, None))(xs, g, w),
                    jax.vmap(_norm_then_sort, in_axes=(0, None, None))(xs, g, w))
+
+
+def test_grad_and_vmap_through_jit_of_a_layer(cache):
+    inst = models.get("single_head_block").at("small")
+    fn = mugraph.jit(inst.fn, backend="harness", config=LAYER, cache=cache)
+    params, x = inst.args(0)
+
+    def loss(f, params):
+        return jnp.sum(f(params, x) ** 2)
+
+    got = jax.grad(lambda p: loss(fn, p))(params)
+    want = jax.grad(lambda p: loss(inst.fn, p))(params)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-3,
+                                   atol=1e-3 * np.abs(want[name]).max())
+    xs = np.stack([x, -x])
+    assert_matches(jax.vmap(fn, in_axes=(None, 0))(params, xs),
+                   jax.vmap(inst.fn, in_axes=(None, 0))(params, xs))
 
 
 def test_identical_layers_are_searched_once(cache):

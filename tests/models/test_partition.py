@@ -210,3 +210,18 @@ def test_never_slower_returns_regions_to_jax_until_the_whole_is_no_slower():
     assert all(o.reason for o in kept if not o.fused)
     nothing = whole_estimates(part, [Outcome(r, False) for r in part.regions], "h100")
     assert nothing.stitched == pytest.approx(nothing.baseline)      # all JAX: fn itself, 1.0x
+
+
+def test_the_program_picture_has_a_box_per_row_and_an_edge_per_read():
+    from mugraph.ir.picture import ProgramRow, program_svg
+    from mugraph.ir.node import kernel_input
+    from mugraph.ir.graph import KernelGraph
+    x = kernel_input("in0", (8, 16), "float32")
+    graph = KernelGraph([x.exp()])
+    rows = [ProgramRow("row0", "custom", ("R0 fused", "exp"), graph),
+            ProgramRow("row1", "jax", ("JAX: 1 steps", "sort"), None, ("row0",)),
+            ProgramRow("row2", "jax", ("R1 kept as JAX", "tanh"), None, ("row0", "row1"))]
+    svg = program_svg(rows)
+    assert svg.count('class="node custom"') == 1 and svg.count('class="node jax"') == 2
+    assert svg.count('data-from="row.row0"') == 2 and 'data-to="row.row2"' in svg
+    assert "exp" in svg.split("R0 fused")[1]      # the fused row holds its kernel graph
