@@ -36,9 +36,10 @@ class Prepared:
         return self.partition.program
 
     def single_region(self) -> bool:
-        """Whether the whole program lifts and is one region (then it is one plain Kernel)."""
+        """Whether the whole program lifts and is at most one region (then it is one plain
+        Kernel: an identity or a constant is one too)."""
         p = self.partition
-        return not p.jax_steps() and len(p.regions) == 1 and p.regions[0].spec is not None
+        return not p.jax_steps() and len(p.regions) <= 1 and all(r.lifted for r in p.regions)
 
     def liftable(self) -> bool:
         return any(r.spec is not None for r in self.partition.regions)
