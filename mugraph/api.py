@@ -221,7 +221,7 @@ def _build(plan: tuple, config, *, progress=None, cache=True, executor=None, str
     prepared = plan[1]
     if strict and not prepared.liftable():
         raise no_region_error(prepared)
-    return compile_program(prepared, config, cache=store, executor=executor)
+    return compile_program(prepared, config, cache=store, executor=executor, progress=progress)
 
 
 def _store(cache):

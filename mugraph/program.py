@@ -65,12 +65,14 @@ def no_region_error(prepared: Prepared) -> UnsupportedOp:
                               "float tensor math (matmuls, reductions, elementwise ops)")
 
 
-def compile_program(prepared: Prepared, config, *, cache=None, executor=None) -> "Program":
-    """Search the regions of `prepared` and build the Program (see the module docstring)."""
+def compile_program(prepared: Prepared, config, *, cache=None, executor=None,
+                    progress=None) -> "Program":
+    """Search the regions of `prepared` and build the Program (see the module docstring);
+    `progress` is each region search's display (superoptimize's)."""
     from mugraph.search.regions import never_slower, search_program
     from mugraph.whole_check import check_whole
     partition, outcomes, rounds = search_program(prepared.partition, config, cache=cache,
-                                                 executor=executor)
+                                                 executor=executor, progress=progress)
     prepared = Prepared(prepared.fn, partition)
     outcomes, estimates = never_slower(partition, outcomes, config.target)
     program = Program(prepared, outcomes, estimates, config, cache)

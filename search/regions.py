@@ -71,7 +71,7 @@ class Round:
 ROUND_SHARES = (0.5, 0.3, 0.2)     # of the budget, for each round
 
 
-def search_program(p: Partition, config, *, cache=None, executor=None):
+def search_program(p: Partition, config, *, cache=None, executor=None, progress=None):
     """Search the regions of `p`; where a region finds no fused kernel, cut it again under
     tighter limits (one matmul fewer, half the ops: `partition.tighter`) and search the pieces,
     for up to len(ROUND_SHARES) rounds; round k gets ROUND_SHARES[k] of the budget (fixed
@@ -84,7 +84,7 @@ def search_program(p: Partition, config, *, cache=None, executor=None):
         budget = max(MIN_REGION_SECONDS, config.budget_seconds * share)
         fresh = len({r.spec for r in p.regions if r.spec is not None} - set(known))
         outcomes = search_regions(p, config.replace(budget_seconds=budget), cache=cache,
-                                  executor=executor, known=known)
+                                  executor=executor, known=known, progress=progress)
         split = {o.region.index: t for o in outcomes if not o.fused and o.region.spec is not None
                  and (t := tighter(o.region, p.limits)) is not None}
         each = region_budget(budget, fresh, config.workers)
@@ -97,10 +97,12 @@ def search_program(p: Partition, config, *, cache=None, executor=None):
     return p, outcomes, tuple(rounds)
 
 
-def search_regions(p: Partition, config, *, cache=None, executor=None, known=None) -> list:
+def search_regions(p: Partition, config, *, cache=None, executor=None, known=None,
+                   progress=None) -> list:
     """An Outcome per region of `p` (in region order). `cache`: a ResultCache or None;
     `executor`: a search.executors executor (default: by `config.workers`); `known`: answers by
-    spec from earlier rounds (used as they are; new ones are added)."""
+    spec from earlier rounds (used as they are; new ones are added); `progress`: each search's
+    progress display (as `search`'s), in-process only (workers keep quiet)."""
     from mugraph.search.executors import make_executor
     known = {} if known is None else known
     searchable = [r for r in p.regions if r.spec is not None]
@@ -114,8 +116,10 @@ def search_regions(p: Partition, config, *, cache=None, executor=None, known=Non
         own = executor is None
         executor = executor or make_executor(min(config.workers, len(distinct)))
         folder = str(cache.folder) if cache is not None else None
+        shown = progress if getattr(executor, "name", "") == "in-process" else _silent
         try:
-            answers = list(executor.map(search_task, [(spec, sub, folder) for spec in distinct]))
+            answers = list(executor.map(search_task, [(spec, sub, folder, shown)
+                                                      for spec in distinct]))
         finally:
             if own:
                 executor.close()
@@ -135,13 +139,14 @@ def search_regions(p: Partition, config, *, cache=None, executor=None, known=Non
 
 
 def search_task(task):
-    """One executor task: (spec, config, cache folder or None) -> Answer, or the error's text."""
+    """One executor task: (spec, config, cache folder or None, progress) -> Answer, or the
+    error's text."""
     from mugraph.search.cache import ResultCache
     from mugraph.search.cached import cached_search
-    spec, config, folder = task
+    spec, config, folder, progress = task
     store = ResultCache(folder) if folder is not None else False
     try:
-        return cached_search(spec, config, cache=store, progress=_silent)
+        return cached_search(spec, config, cache=store, progress=progress)
     except MugraphError as e:
         return f"{type(e).__name__}: {e.message.splitlines()[0]}"
 
