@@ -256,3 +256,18 @@ def test_regions_searched_by_a_process_pool_give_the_in_process_answer():
     assert [o.kernel for o in parallel] == [o.kernel for o in alone]
     assert [o.answer.result.report.states for o in parallel] == \
         [o.answer.result.report.states for o in alone]
+
+
+def test_bench_models_prints_a_row_per_layer(tmp_path, capsys):
+    import json
+    from mugraph.cli import main as cli
+    out = tmp_path / "rows.json"
+    rc = cli(["bench", "models", "--layers", "soft_moe", "--budget", "2", "--cache",
+              str(tmp_path / "cache"), "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "speedup" in text and "soft_moe" in text and "mugraph bench models" in text
+    (row,) = json.loads(out.read_text())
+    assert row["layer"] == "soft_moe" and row["lifted"].startswith("24/24")
+    assert row["speedup"] >= 1.0 and row["cold_s"] > 0 and row["warm_s"] > 0
+    assert cli(["bench", "models", "--layers", "nope"]) == 2
