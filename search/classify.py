@@ -128,7 +128,7 @@ def _walk(program: FlatProgram, forced: dict):
            for vid in program.inputs}
     env.update((vid, closed_value(c)) for vid, c in program.consts.items())
     const_ids = set(program.consts)
-    kinds, reasons, built, seen = [], {}, {}, set()
+    kinds, reasons, built = [], {}, {}
     for step in program.steps:
         args = [literal_value(x) if isinstance(x, Literal) else env[x] for x in step.ins]
         if all(isinstance(x, Literal) or x in const_ids for x in step.ins):
@@ -144,7 +144,7 @@ def _walk(program: FlatProgram, forced: dict):
             outs = [boundary_view(f"v{o}", program.value(o).shape, program.value(o).dtype)
                     for o in step.outs]
         elif kind is Kind.LIFT:
-            built[step.index] = _new_nodes(outs, seen)
+            built[step.index] = _new_nodes(outs, args)
         kinds.append(kind)
         env.update(zip(step.outs, outs))
     return kinds, reasons, env, built
@@ -186,14 +186,16 @@ def _reason(e: UnsupportedOp) -> str:
     return f"{first} (at {e.source})" if e.source else first
 
 
-def _new_nodes(outs, seen: set) -> tuple:
-    """The nodes under `outs` not in `seen` (which they join): the walk stops at seen nodes, so
-    the whole program costs one pass."""
-    fresh, stack = [], [o.node for o in outs if isinstance(o, View)]
+def _new_nodes(outs, args) -> tuple:
+    """The nodes a step built: those under its outputs, down to its operands' nodes. Local to the
+    step (two identical layers count alike, though interned nodes are shared between them)."""
+    stop = {a.node for a in args if isinstance(a, View)}
+    fresh, seen, stack = [], set(), [o.node for o in outs if isinstance(o, View)]
     while stack:
         node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            fresh.append(node)
-            stack.extend(node.srcs)
+        if node in seen or node in stop:
+            continue
+        seen.add(node)
+        fresh.append(node)
+        stack.extend(node.srcs)
     return tuple(fresh)

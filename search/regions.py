@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mugraph.ir.errors import MugraphError
+from mugraph.ir.ops import KOp
 from mugraph.search.baseline import xla_estimate
 from mugraph.search.classify import PROGRAM_OUTPUT
 from mugraph.search.cost import estimate, fused_kernel
@@ -217,19 +218,22 @@ def whole_estimates(p: Partition, outcomes: list, target: str) -> Estimates:
     return Estimates(kernels + rest_s + jax_only, base + jax_only, unfused + jax_only, jax_only)
 
 
-MAX_ESTIMATES = 40      # whole-program estimates spent choosing which regions stay fused
+MAX_ESTIMATES = 40      # whole-program estimates spent choosing which regions stay fused ...
+MAX_ESTIMATE_WORK = 2e6  # ... and their work (graph nodes x matmuls: the XLA-like baseline's
+                         # cost grows so), which bounds the choice on a stack of many layers
 
 
 def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estimates]:
     """The fused regions the whole-program estimate prefers, and its Estimates. From every
     region that wins alone, the group of identical regions whose return to JAX lowers the
     stitched estimate most goes back, while one does (XLA fuses a region's ops with its
-    neighbours, which a custom kernel's edge prevents; at most MAX_ESTIMATES estimates); then,
+    neighbours, which a custom kernel's edge prevents; while a round of trials fits in
+    MAX_ESTIMATES estimates, fewer on a large program: MAX_ESTIMATE_WORK); then,
     while the stitched program is still estimated slower than the whole program's XLA-like
     baseline, the group that gains least alone goes back, down to `fn` itself."""
     outcomes = list(outcomes)
-    est, spent = whole_estimates(p, outcomes, target), 1
-    while spent < MAX_ESTIMATES and est.stitched is not None:
+    est, spent, allowed = whole_estimates(p, outcomes, target), 1, _estimates_allowed(p)
+    while est.stitched is not None and spent + len(_fused_specs(outcomes)) <= allowed:
         trials = []
         for spec in _fused_specs(outcomes):
             trial = _to_jax(outcomes, spec, None)
@@ -250,6 +254,15 @@ def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estim
         outcomes = _to_jax(outcomes, worst.region.spec, why)
         est = whole_estimates(p, outcomes, target)
     return outcomes, est
+
+
+def _estimates_allowed(p: Partition) -> int:
+    whole = _lifted_graph(p, set())
+    if not whole:
+        return MAX_ESTIMATES
+    nodes = whole.nodes
+    work = len(nodes) * max(1, sum(n.op is KOp.MATMUL for n in nodes))
+    return int(max(2, min(MAX_ESTIMATES, MAX_ESTIMATE_WORK // work)))
 
 
 def _fused_specs(outcomes) -> list:
