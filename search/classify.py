@@ -144,7 +144,9 @@ def _walk(program: FlatProgram, forced: dict):
             outs = [boundary_view(f"v{o}", program.value(o).shape, program.value(o).dtype)
                     for o in step.outs]
         elif kind is Kind.LIFT:
-            built[step.index] = _new_nodes(outs, args)
+            built[step.index] = _new_nodes(outs, [a for x, a in zip(step.ins, args)
+                                                  if not isinstance(x, Literal)
+                                                  and x not in const_ids])
         kinds.append(kind)
         env.update(zip(step.outs, outs))
     return kinds, reasons, env, built
@@ -187,8 +189,9 @@ def _reason(e: UnsupportedOp) -> str:
 
 
 def _new_nodes(outs, args) -> tuple:
-    """The nodes a step built: those under its outputs, down to its operands' nodes. Local to the
-    step (two identical layers count alike, though interned nodes are shared between them)."""
+    """The nodes a step built: those under its outputs, down to the nodes of its operands `args`
+    (constants a region rebuilds count with the step that reads them). Local to the step: two
+    identical layers count alike, though interned nodes are shared between them."""
     stop = {a.node for a in args if isinstance(a, View)}
     fresh, seen, stack = [], set(), [o.node for o in outs if isinstance(o, View)]
     while stack:
