@@ -7,7 +7,8 @@ program against the XLA-like baseline of the whole program (`search.baseline`, a
 cost) and against the unfused program, the verdict of the whole-program check, the cold compile
 time (a fresh cache folder unless --cache is given) and the warm one (the same call again: every
 region from the cache, re-verified). `--stack N` also compiles N identical layers in sequence
-(each with its own parameters) after the single layer, with the same cache.
+(each with its own parameters; a decode step also with its own KV caches) after the single
+layer, with the same cache.
 """
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ def measure(layer, dims: str, config, cache_dir: str, stack: int = 0) -> Row:
     """Compile one layer cold then warm (and a stack of it), and read its report."""
     import mugraph
     from mugraph.ir.errors import MugraphError
-    from mugraph.models import stack as stacked
     inst = layer.at(dims)
     row = Row(layer.name, dims)
     try:
@@ -56,7 +56,7 @@ def measure(layer, dims: str, config, cache_dir: str, stack: int = 0) -> Row:
                               progress=False)
         row.warm_s = time.perf_counter() - started
         if stack > 1:
-            many = stacked(inst, stack)
+            many = stack_layers(inst, stack)
             started = time.perf_counter()
             mugraph.superoptimize(many.fn, *many.example_args, config=config, cache=cache_dir,
                                   progress=False)
@@ -66,6 +66,32 @@ def measure(layer, dims: str, config, cache_dir: str, stack: int = 0) -> Row:
         return row
     _fill(row, program)
     return row
+
+
+def stack_layers(inst, layers: int):
+    """`layers` copies of `inst` in sequence, each with its own parameters: `models.stack` for a
+    layer of one activation; for a layer that also returns state (a decode step returns its
+    updated K/V caches, arguments 2, 3, ... of the same types), each copy gets its own state and
+    the stack returns the last activation and every copy's state."""
+    import jax
+    from dataclasses import replace
+    from mugraph.models import stack
+    out = jax.eval_shape(inst.fn, *inst.example_args)
+    if not isinstance(out, tuple):
+        return stack(inst, layers)
+    states = len(out) - 1
+    fn = inst.fn
+
+    def stacked(params_list, x, state_list, *rest):
+        new = []
+        for params, state in zip(params_list, state_list):
+            x, *updated = fn(params, x, *state, *rest)
+            new.append(tuple(updated))
+        return x, new
+
+    ex = inst.example_args
+    example = ([ex[0]] * layers, ex[1], [tuple(ex[2:2 + states])] * layers, *ex[2 + states:])
+    return replace(inst, name=f"{inst.name}_x{layers}", fn=stacked, example_args=example)
 
 
 def _fill(row: Row, program) -> None:

@@ -13,17 +13,27 @@ from mugraph.search.flatten import Step
 MIN_LAYER_STEPS = 4          # a repeated stretch shorter than this is not taken for a layer
 
 
-def layer_boundaries(c: Classification, order: list[Step]) -> frozenset:
-    """Where the schedule repeats one stretch of steps (a stack of identical layers, JAX steps
-    included), the positions where each repetition starts: runs end there, so every layer is
-    cut alike, whatever its neighbours (a layer's last region never merges with the next
-    layer's first). The repeated stretch must cover at least half the schedule; a position
-    where a value that cannot leave a kernel crosses is left out."""
-    found = _repetition(np.array(_codes(order)))
+def layer_groups(c: Classification) -> dict:
+    """Step index -> layer number. Where the program (its non-constant steps in program order,
+    JAX steps included) repeats one stretch of steps covering at least half of it (a stack of
+    identical layers), each repetition is one layer: 1, 2, ...; steps before are layer 0 and
+    steps after the last repetition one more. Elsewhere every step is layer 0. The scheduler
+    runs layer by layer and runs end between layers, so every layer is cut alike."""
+    steps = [s for s in c.program.steps if c.kind(s.index) is not Kind.CONST]
+    found = _repetition(np.array(_codes(steps))) if steps else None
     if found is None:
-        return frozenset()
+        return {s.index: 0 for s in steps}
     start, length, count = found
-    return frozenset(start + k * length for k in range(count + 1)) - _uncuttable(c, order)
+    return {s.index: 0 if k < start else min(1 + (k - start) // length, count + 1)
+            for k, s in enumerate(steps)}
+
+
+def layer_boundaries(c: Classification, order: list[Step], groups: dict) -> frozenset:
+    """Positions of `order` where the layer changes (less those a value that cannot leave a
+    kernel crosses)."""
+    found = {k for k in range(1, len(order))
+             if groups[order[k].index] != groups[order[k - 1].index]}
+    return frozenset(found) - _uncuttable(c, order)
 
 
 def _codes(order) -> list[int]:

@@ -1,8 +1,9 @@
 """The partitioner: cut a classified flat program into regions the search handles well.
 
 1. Schedule. The non-constant steps in a topological order that runs lifted steps whenever one
-   is ready and JAX steps only when none is (so lifted steps gather into long runs). A run is a
-   maximal stretch of lifted steps between JAX steps.
+   is ready and JAX steps only when none is (so lifted steps gather into long runs), layer by
+   layer where the program repeats (a stack: `search.layers`). A run is a maximal stretch of
+   lifted steps between JAX steps (and layers).
 2. Cut each run by dynamic programming over its order: a region is a contiguous stretch (so it
    is convex: nothing leaves it and comes back), within `Limits` (matmuls, compute ops, outputs:
    what one search fuses; see the limits' comments), and the cuts minimise the sum of the
@@ -26,7 +27,7 @@ from mugraph.ir.ops import KOp
 from mugraph.search.classify import PROGRAM_OUTPUT, Classification, Kind, classify
 from mugraph.search.cost import fused_kernel, kernel_node_flops
 from mugraph.search.flatten import FlatProgram, Step
-from mugraph.search.layers import layer_boundaries, period, signature
+from mugraph.search.layers import layer_boundaries, layer_groups, period, signature
 from mugraph.search.region import Region, describe_region, is_compute, lift_region, rebuilt
 
 
@@ -66,8 +67,9 @@ def partition(program: FlatProgram, limits: Limits | None = None, target: str = 
     limits = limits or Limits()
     c = classification or classify(program)
     while True:
-        order = schedule(c)
-        runs = _runs(c, order, layer_boundaries(c, order))
+        groups = layer_groups(c)
+        order = schedule(c, groups)
+        runs = _runs(c, order, layer_boundaries(c, order, groups))
         stuck = _stuck_across_runs(c, runs)
         if not stuck:
             break
@@ -75,12 +77,25 @@ def partition(program: FlatProgram, limits: Limits | None = None, target: str = 
     return _cut(c, order, runs, limits, target)
 
 
-def schedule(c: Classification) -> list[Step]:
-    """The non-constant steps, lifted ones first whenever one is ready (program order within
-    each kind)."""
-    steps = [s for s in c.program.steps if c.kind(s.index) is not Kind.CONST]
-    deps = {s.index: {c.producer[v] for v in s.value_ins() if v in c.producer
-                      and c.kind(c.producer[v]) is not Kind.CONST} for s in steps}
+def schedule(c: Classification, groups: dict | None = None) -> list[Step]:
+    """The non-constant steps in a topological order, layer by layer (`groups`: step index ->
+    layer, from `layers.layer_groups`; a layer's steps never depend on a later one's). Within a
+    layer: a lifted step whenever one is ready, else a JAX step (lowest program index first), so
+    lifted steps gather into long runs."""
+    groups = groups or {}
+    layers = sorted({groups.get(s.index, 0) for s in c.program.steps})
+    order = []
+    for layer in layers:
+        chosen = [s for s in c.program.steps if c.kind(s.index) is not Kind.CONST
+                  and groups.get(s.index, 0) == layer]
+        order += _schedule_layer(c, chosen)
+    return order
+
+
+def _schedule_layer(c: Classification, steps: list) -> list[Step]:
+    inside = {s.index for s in steps}
+    deps = {s.index: {c.producer[v] for v in s.value_ins() if c.producer.get(v) in inside}
+            for s in steps}
     users: dict = {}
     for index, found in deps.items():
         for d in found:
@@ -92,8 +107,7 @@ def schedule(c: Classification) -> list[Step]:
             heapq.heappush(ready[c.kind(i)], i)
     order = []
     while ready[Kind.LIFT] or ready[Kind.JAX]:
-        kind = Kind.LIFT if ready[Kind.LIFT] else Kind.JAX
-        i = heapq.heappop(ready[kind])
+        i = heapq.heappop(ready[Kind.LIFT] or ready[Kind.JAX])
         order.append(c.program.steps[i])
         for u in users.get(i, ()):
             waiting[u] -= 1

@@ -157,10 +157,11 @@ def test_limits_bound_every_region():
     assert sum(r.matmuls for r in tight.regions) == sum(r.matmuls for r in loose.regions) == 9
 
 
-@pytest.mark.parametrize("name", ["single_head_block", "moe_top2"])
+@pytest.mark.parametrize("name", ["single_head_block", "moe_top2", "llama3_decode"])
 def test_identical_layers_cut_into_identical_regions(name):
-    one = models.get(name).at("small")      # moe_top2: top_k (JAX) inside every layer
-    three = models.stack(one, 3)
+    from mugraph.bench_models import stack_layers
+    one = models.get(name).at("small")      # moe_top2, decode: JAX steps inside every layer
+    three = stack_layers(one, 3)            # decode: each layer with its own KV caches
     single = partition(flatten_program(one.fn, one.example_args))
     stacked = partition(flatten_program(three.fn, three.example_args))
     assert len(stacked.regions) == 3 * len(single.regions)
