@@ -201,11 +201,11 @@ def test_a_program_with_nothing_to_lift_is_one_typed_error_but_jit_runs_it(cache
 
 def test_one_front_end_one_answer_whatever_the_entry_point(cache):
     inst = models.get("single_head_block").at("small")
-    program = mugraph.superoptimize(inst.fn, *inst.example_args, config=CHEAP, cache=cache,
+    program = mugraph.superoptimize(inst.fn, *inst.example_args, config=LAYER, cache=cache,
                                     progress=False)
     assert program.report.equations[1] == 0          # the jnp.tril mask lifted: no JAX step
-    eager = mugraph.jit(inst.fn, backend="harness", config=CHEAP, cache=cache)
-    inside = mugraph.jit(inst.fn, backend="harness", config=CHEAP, cache=cache)
+    eager = mugraph.jit(inst.fn, backend="harness", config=LAYER, cache=cache)
+    inside = mugraph.jit(inst.fn, backend="harness", config=LAYER, cache=cache)
     args = inst.args(0)
     eager(*args)
     jax.jit(inside)(*args)
