@@ -12,6 +12,7 @@ import numpy as np
 from mugraph import ir
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import InvalidInput, MugraphError
+from mugraph.program import Program  # noqa: F401  (what superoptimize returns for a whole layer)
 
 
 class Kernel:
