@@ -227,23 +227,20 @@ def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estim
     """The fused regions the whole-program estimate prefers, and its Estimates. From every
     region that wins alone, the group of identical regions whose return to JAX lowers the
     stitched estimate most goes back, while one does (XLA fuses a region's ops with its
-    neighbours, which a custom kernel's edge prevents; while a round of trials fits in
-    MAX_ESTIMATES estimates, fewer on a large program: MAX_ESTIMATE_WORK); then,
-    while the stitched program is still estimated slower than the whole program's XLA-like
-    baseline, the group that gains least alone goes back, down to `fn` itself."""
-    outcomes = list(outcomes)
-    est, spent, allowed = whole_estimates(p, outcomes, target), 1, _estimates_allowed(p)
-    while est.stitched is not None and spent + len(_fused_specs(outcomes)) <= allowed:
-        trials = []
-        for spec in _fused_specs(outcomes):
-            trial = _to_jax(outcomes, spec, None)
-            trials.append((whole_estimates(p, trial, target), spec))
-            spent += 1
-        better = min(trials, key=lambda t: t[0].stitched, default=None)
-        if better is None or better[0].stitched >= est.stitched * (1 - 1e-9):
-            break
-        outcomes = _to_jax(outcomes, better[1], _whole_reason(est, better[0]))
-        est = better[0]
+    neighbours, which a custom kernel's edge prevents). On a stack of identical layers these
+    trials run on one layer (every layer has the same regions), elsewhere on the whole program
+    while a round of trials fits in MAX_ESTIMATES estimates (fewer on a large program:
+    MAX_ESTIMATE_WORK). Then, while the stitched program is still estimated slower than the
+    whole program's XLA-like baseline, the group that gains least alone goes back, down to
+    `fn` itself."""
+    window = _one_layer(p, outcomes)
+    if window is not None:
+        returned = _improve(*window, target)[1]
+    else:
+        returned = _improve(p, outcomes, target)[1]
+    for spec, why in returned:
+        outcomes = _to_jax(outcomes, spec, why)
+    est = whole_estimates(p, outcomes, target)
     while _fused_specs(outcomes) and est.stitched is not None and est.baseline is not None \
             and est.stitched > est.baseline:
         worst = min((o for o in outcomes if o.fused), key=lambda o: o.xla_s - o.kernel_s)
@@ -254,6 +251,53 @@ def never_slower(p: Partition, outcomes: list, target: str) -> tuple[list, Estim
         outcomes = _to_jax(outcomes, worst.region.spec, why)
         est = whole_estimates(p, outcomes, target)
     return outcomes, est
+
+
+def _improve(p: Partition, outcomes: list, target: str) -> tuple[list, list]:
+    """(outcomes, [(spec, why)] returned to JAX) by best-improvement trials on `p`."""
+    est, spent, allowed = whole_estimates(p, outcomes, target), 1, _estimates_allowed(p)
+    returned = []
+    while est.stitched is not None and spent + len(_fused_specs(outcomes)) <= allowed:
+        trials = []
+        for spec in _fused_specs(outcomes):
+            trials.append((whole_estimates(p, _to_jax(outcomes, spec, None), target), spec))
+            spent += 1
+        better = min(trials, key=lambda t: t[0].stitched, default=None)
+        if better is None or better[0].stitched >= est.stitched * (1 - 1e-9):
+            break
+        why = _whole_reason(est, better[0])
+        outcomes = _to_jax(outcomes, better[1], why)
+        returned.append((better[1], why))
+        est = better[0]
+    return outcomes, returned
+
+
+def _one_layer(p: Partition, outcomes: list):
+    """(partition, outcomes) of one middle layer of a stack of identical layers, its regions
+    renumbered, or None when the program does not repeat."""
+    from dataclasses import replace
+    from mugraph.search.layers import layer_groups
+    groups = layer_groups(p.classification)
+    layers = sorted(set(groups.values()))
+    if len(layers) < 3:
+        return None
+    middle = layers[len(layers) // 2]
+
+    def first_step(kind, x):
+        return p.regions[x].steps[0] if kind == "region" else x
+
+    items, regions, chosen = [], [], []
+    for kind, x in p.items:
+        if groups.get(first_step(kind, x).index) != middle:
+            continue
+        if kind == "region":
+            region = replace(p.regions[x], index=len(regions))
+            chosen.append(replace(outcomes[x], region=region))
+            items.append(("region", region.index))
+            regions.append(region)
+        else:
+            items.append((kind, x))
+    return replace(p, items=tuple(items), regions=tuple(regions)), chosen
 
 
 def _estimates_allowed(p: Partition) -> int:
