@@ -14,6 +14,8 @@ runs again, until nothing changes (each round adds a step, so it ends).
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -82,6 +84,22 @@ def why_not_exported(program: FlatProgram, value, vid) -> str | None:
 def classify(program: FlatProgram, forced: dict | None = None) -> Classification:
     """Classify every step (see the module docstring), with the steps in `forced` (index -> why)
     kept JAX; walks until every lifted value that JAX or the caller reads can leave its region."""
+    with deep_recursion():
+        return _classify(program, forced)
+
+
+@contextmanager
+def deep_recursion(limit: int = 5000):
+    """The front end walks node chains recursively; a stack of many layers makes long chains."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def _classify(program: FlatProgram, forced: dict | None) -> Classification:
     producer = {o: s.index for s in program.steps for o in s.outs}
     consumers = _consumers(program)
     forced = dict(forced or {})
@@ -181,6 +199,9 @@ def _lift(program: FlatProgram, step: Step, args):
         return Kind.JAX, None, _reason(e)
     except MugraphError as e:
         return Kind.JAX, None, f"lifting `{step.primitive}` failed: {e.message.splitlines()[0]}"
+    except RecursionError:
+        return Kind.JAX, None, f"lifting `{step.primitive}` recursed too deep (a very long " \
+                               "chain of elementwise ops)"
 
 
 def _reason(e: UnsupportedOp) -> str:

@@ -14,7 +14,7 @@ from mugraph.ir.jax_frontend import (Const, Opaque, boundary_view, exported_node
                                      literal_value)
 from mugraph.ir.node import toposort
 from mugraph.ir.ops import KERNEL_LAYOUT, KERNEL_LEAF, KOp
-from mugraph.search.classify import PROGRAM_OUTPUT, Classification
+from mugraph.search.classify import PROGRAM_OUTPUT, Classification, deep_recursion
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ def rebuilt(c: Classification, vid) -> bool:
 
 def lift_region(c: Classification, steps, index: int = 0, seconds: float = 0.0) -> Region:
     """The region of `steps` with its spec (canonical names: in0.., out0..)."""
+    with deep_recursion():
+        return _lift_region(c, steps, index, seconds)
+
+
+def _lift_region(c: Classification, steps, index: int, seconds: float) -> Region:
     inside = {s.index for s in steps}
     env, inputs = {}, []
     try:
@@ -60,6 +65,9 @@ def lift_region(c: Classification, steps, index: int = 0, seconds: float = 0.0) 
     except (UnsupportedOp, MugraphError) as e:
         return _unlifted(steps, index, inputs, f"the region does not lift alone: "
                                                 f"{e.message.splitlines()[0]}")
+    except RecursionError:
+        return _unlifted(steps, index, inputs, "the region does not lift alone: the front end "
+                                                "recursed too deep")
     leaving = [v for s in steps for v in s.outs
                if any(u == PROGRAM_OUTPUT or u not in inside for u in c.consumers.get(v, ()))]
     outputs = [v for v in leaving if not isinstance(env[v], Const)]
