@@ -25,7 +25,7 @@ import numpy as np
 from mugraph.ir.dtypes import DType
 
 WHOLE_CHECK_FLOPS = 4e9        # interpreter work above which the real-shape run is skipped
-WHOLE_CHECK_BYTES = 2e9        # float64 draws of the arguments above which it is skipped too
+WHOLE_CHECK_BYTES = 5e8        # float64 draws of the arguments above which it is skipped too
 RANDOM_DRAWS = 2
 SCALE_TRIES = 6
 
@@ -72,7 +72,7 @@ def _check(program, seed: int) -> WholeCheck:
         why = (f"its fused regions are {flops / 1e9:.1f} GFLOP through the interpreter, over "
                f"{WHOLE_CHECK_FLOPS / 1e9:.0f}" if flops > WHOLE_CHECK_FLOPS else
                f"its arguments drawn in float64 take {drawn / 1e9:.1f} GB, over "
-               f"{WHOLE_CHECK_BYTES / 1e9:.0f}")
+               f"{WHOLE_CHECK_BYTES / 1e9:.1f}")
         return WholeCheck("not run", f"the stitched program was not run at the real shapes ({why})"
                                      "; each fused region's winner was verified against its own "
                                      "spec by its search (at the real shapes, sampled where "

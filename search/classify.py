@@ -78,6 +78,8 @@ def why_not_exported(program: FlatProgram, value, vid) -> str | None:
         return e.message.splitlines()[0]
     except MugraphError as e:
         return e.message
+    except RecursionError:
+        return "the front end recursed too deep laying it out"
     return None
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from mugraph.ir.jax_frontend import Const
 from mugraph.ir.node import kernel_input
 from mugraph.ir.ops import KOp
-from mugraph.search.classify import PROGRAM_OUTPUT, Classification, Kind, classify
+from mugraph.search.classify import (PROGRAM_OUTPUT, Classification, Kind, classify,
+                                     deep_recursion)
 from mugraph.search.cost import fused_kernel, kernel_node_flops
 from mugraph.search.flatten import FlatProgram, Step
 from mugraph.search.layers import layer_boundaries, layer_groups, period, signature
@@ -64,6 +65,11 @@ class Partition:
 def partition(program: FlatProgram, limits: Limits | None = None, target: str = "h100",
               classification: Classification | None = None) -> Partition:
     """Classify (unless given), schedule and cut `program` (see the module docstring)."""
+    with deep_recursion():
+        return _partition(program, limits, target, classification)
+
+
+def _partition(program, limits, target, classification) -> Partition:
     limits = limits or Limits()
     c = classification or classify(program)
     while True:
