@@ -1507,3 +1507,45 @@ def _dict_output_names(out_shape, count: int):
         return None
     names = [re.sub(r"\W", "_", "_".join(_key_name(k) for k in p)) for p in paths]
     return names if len(set(names)) == count else None
+
+
+# ---- hooks for programs of regions (search/classify.py) -----------------------------------------
+# A program of regions lifts a function equation by equation (`lift_eqn`) and cuts it: a value
+# computed outside a region enters it as a fresh input, and a value a region hands on leaves it
+# as an output. A 0-d value crosses as a shape-(1,) tensor.
+def boundary_view(name: str, shape, dtype) -> View | None:
+    """A fresh graph input standing for a value computed elsewhere (float, rank 0 to 4), or None
+    where no kernel tensor can hold it (integers, booleans, rank > 4)."""
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    if dtype.name not in _INPUT_DTYPES or len(shape) > MAX_RANK:
+        return None
+    node = kernel_input(name, shape or (1,), DType.parse(dtype.name))
+    return _view(node, range(len(shape)), shape)
+
+
+def literal_value(var) -> Const:
+    """A jaxpr Literal as a lifted constant."""
+    return _read({}, var)
+
+
+def closed_value(array) -> Const | Opaque:
+    """A closed-over array: a Const where it is uniform, else an Opaque value."""
+    return _closed_const(array)
+
+
+def exported_node(value, shape, dtype) -> KNode:
+    """A lifted value as a tensor leaving its region: the jaxpr's shape (0-d as shape (1,)) and
+    dtype. UnsupportedOp where no tensor can carry it (a mask, an index, rank > 4)."""
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    try:
+        if dtype.name not in _INPUT_DTYPES:
+            raise _Unsupported(f"a {dtype.name} value cannot leave a kernel")
+        if isinstance(value, Opaque):
+            raise _Unsupported("a constant array that is not uniform cannot leave a kernel")
+        if isinstance(value, Const):
+            _check_constant(value.value)
+            return kernel_constant(value.value, shape or (1,), _ir_dtype(dtype))
+        node = _materialize(value) if shape else _arrange(value, (None,))
+    except _Unsupported as e:
+        raise UnsupportedOp(e.detail, primitive="output", hint=e.hint) from None
+    return _cast(node, _ir_dtype(dtype))

@@ -24,6 +24,7 @@ STYLES = {   # kind: fill, stroke, dash
     "thread": ("#f1fbf4", "#2e8b57", ""), "param": ("#ffffff", "#2e8b57", "3,2"),
     "top": ("#e2f5e8", "#2e8b57", ""), "output": ("#f1ebfb", "#7b4fc0", ""),
     "loop": ("#f6f6ff", "#6a6ad0", "6,3"),
+    "jax": ("#f3f3f3", "#8a8a8a", "5,3"), "program": ("#ffffff", "#333333", ""),
 }
 EDGE = {"kernel": ("#444444", 1.6), "block": ("#555555", 1.2), "thread": ("#2e6b47", 1.0)}
 
@@ -337,7 +338,22 @@ def picture(graph, title: str | None = None) -> Box:
 
 def to_svg(graph, title: str | None = None) -> str:
     """The kernel graph (a KernelGraph) as a standalone SVG document."""
-    root = picture(graph, title)
+    return _document(picture(graph, title))
+
+
+def to_html(graph, text: str = "", title: str = "mugraph kernel") -> str:
+    """A page with the SVG picture and, below it, `text` (the loop nest and the report)."""
+    return _page(to_svg(graph), text, title)
+
+
+def _page(svg: str, text: str, title: str) -> str:
+    return "\n".join([
+        "<!DOCTYPE html>", '<html><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title></head><body>", f"<h1>{escape(title)}</h1>",
+        svg, f"<pre>{escape(text)}</pre>" if text else "", "</body></html>"])
+
+
+def _document(root: Box) -> str:
     body: list[str] = []
     render_box(root, MARGIN, MARGIN, body)
     width, height = root.w + 2 * MARGIN, root.h + 2 * MARGIN
@@ -348,9 +364,32 @@ def to_svg(graph, title: str | None = None) -> str:
         f'<rect width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>', *body, "</svg>"])
 
 
-def to_html(graph, text: str = "", title: str = "mugraph kernel") -> str:
-    """A page with the SVG picture and, below it, `text` (the loop nest and the report)."""
-    return "\n".join([
-        "<!DOCTYPE html>", '<html><head><meta charset="utf-8">',
-        f"<title>{escape(title)}</title></head><body>", f"<h1>{escape(title)}</h1>",
-        to_svg(graph), f"<pre>{escape(text)}</pre>" if text else "", "</body></html>"])
+# ---- a program of regions ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProgramRow:
+    """One row of a program of regions: a fused region (with its kernel graph), a region kept as
+    JAX, or a stretch of JAX steps; `reads` are the keys of the rows whose results it reads."""
+
+    key: str
+    kind: str                      # "custom" (fused) | "jax"
+    lines: tuple
+    graph: object = None           # the fused region's KernelGraph
+    reads: tuple = ()
+
+
+def program_diagram(rows) -> Diagram:
+    """The rows top to bottom in run order, each fused one with its kernel graph inside, and an
+    edge wherever a row reads another's results."""
+    boxes = {r.key: Box(f"row.{r.key}", r.kind, list(r.lines),
+                        kernel_diagram(r.graph) if r.graph is not None else None) for r in rows}
+    edges = [(src, r.key, None, None) for r in rows for src in r.reads if src in boxes]
+    return Diagram("kernel", boxes, edges, {r.key: i for i, r in enumerate(rows)})
+
+
+def program_svg(rows, title: str = "program of regions") -> str:
+    """A program of regions (`ProgramRow`s) as a standalone SVG document."""
+    return _document(Box("program", "program", [title], program_diagram(rows)))
+
+
+def program_html(rows, text: str = "", title: str = "mugraph program of regions") -> str:
+    return _page(program_svg(rows), text, title)

@@ -9,7 +9,7 @@ from mugraph.settings import settings
 
 __version__ = "0.1.0"
 
-_API = {"superoptimize", "jit", "Kernel"}
+_API = {"superoptimize", "jit", "Kernel", "Program"}
 
 
 def __getattr__(name: str):
@@ -23,4 +23,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mugraph' has no attribute {name!r}")
 
 
-__all__ = ["Kernel", "errors", "ir", "jit", "settings", "superoptimize", "__version__"]
+__all__ = ["Kernel", "Program", "errors", "ir", "jit", "settings", "superoptimize", "__version__"]

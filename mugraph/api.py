@@ -12,6 +12,7 @@ import numpy as np
 from mugraph import ir
 from mugraph.ir import KernelGraph
 from mugraph.ir.errors import Interrupted, InvalidInput, MugraphError
+from mugraph.program import Program  # noqa: F401  (what superoptimize returns for a whole layer)
 
 
 class Kernel:
@@ -43,6 +44,20 @@ class Kernel:
         return None if self.result is None else self.result.speedup
 
     @property
+    def slower_than_jax(self) -> bool:
+        """Whether the kernel is estimated slower than the XLA-like baseline (what jax.jit would
+        launch): `mugraph.jit` then runs the JAX function itself."""
+        speedup = self.speedup
+        return speedup is not None and speedup < 1.0
+
+    def slower_note(self) -> str:
+        """One line saying so, or "" (shown in the report and warned by superoptimize)."""
+        if not self.slower_than_jax:
+            return ""
+        return (f"this kernel is estimated slower than jax.jit ({self.speedup:.2f}x against the "
+                "XLA-like baseline): mugraph.jit runs the JAX function instead")
+
+    @property
     def cuda_source(self) -> str:
         """The generated CUDA for the target's arch (from the cache entry when there is one)."""
         if self._cuda is None:
@@ -67,6 +82,8 @@ class Kernel:
             text += "\n\n" + self.result.summary()
         if self.origin:
             text += f"\n{self.origin}"
+        if self.slower_note():
+            text += f"\n{self.slower_note()}"
         from mugraph.ir.picture import to_html, to_svg
         picture = {"text": lambda: text, "svg": lambda: to_svg(self.graph),
                    "html": lambda: to_html(self.graph, text)}[format]()
@@ -149,33 +166,76 @@ class Kernel:
 
 
 def superoptimize(fn_or_graph, *example_args, config=None, target: str | None = None,
-                  budget_seconds: float | None = None, progress=None, cache=True) -> Kernel:
-    """Trace (if given a JAX function), search, verify, rank and wrap the winner as a Kernel.
+                  budget_seconds: float | None = None, progress=None, cache=True, executor=None):
+    """Trace (if given a JAX function), search, verify, rank and wrap the winner.
+
+    A function that lifts whole into one searchable region gives a `Kernel`. A larger function
+    (a model layer: parameters as pytrees) gives a `mugraph.program.Program`: it is cut into
+    regions, each searched alone (identical ones once), the parts mugraph cannot lift kept as
+    JAX; it has Kernel's surface (`.report`, `.show()`, `.speedup`, `run_reference`,
+    `run_on_cpu`, `as_jax`). A function with nothing to lift is one UnsupportedOp.
 
     `config`: a SearchConfig or a dict of its fields (without one, the budget is
     $MUGRAPH_SEARCH_SECONDS, default 300 s, and the target $MUGRAPH_TARGET, default h100);
-    `target` ("a100", "h100", "h200") and `budget_seconds` override the config's. `cache`: True
-    uses the result cache under `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), a
-    folder another one, False searches afresh.
+    `target` ("a100", "h100", "h200") and `budget_seconds` override the config's (a program of
+    regions splits the budget among its distinct regions). `cache`: True uses the result cache
+    under `$MUGRAPH_CACHE_DIR` (an entry is re-verified before use), a folder another one, False
+    searches afresh. `executor`: where a program's regions are searched (a
+    `mugraph.search.executors` executor; default: by `config.workers`).
     `progress(counters, best_seconds, elapsed)` replaces the default progress display (a live
     line on a terminal, a log line every few seconds elsewhere); False turns it off.
     The budget is not in the cache key: a stored search of the same program and config serves
     when no budget is asked for (here or in `config`) or the one asked for is no larger; a larger
     one continues the stored search from its checkpoint (the kernel's `origin` says so)."""
     config_arg, config = config, make_config(config, target=target, budget_seconds=budget_seconds)
-    spec, flat = _spec_of(fn_or_graph, example_args)
     if progress is False:
         progress = _silent
-    from mugraph.search.cached import cached_search
+    plan = _plan(fn_or_graph, example_args)
+    found = _build(plan, config, progress=progress, cache=cache, executor=executor, strict=True,
+                   extend=budget_given(config_arg, budget_seconds))
+    if isinstance(found, Kernel) and found.slower_note():
+        warnings.warn(f"superoptimize: {found.slower_note()}", RuntimeWarning, stacklevel=2)
+    return found
+
+
+def _plan(fn_or_graph, example_args) -> tuple:
+    """What to compile: ("kernel", spec, FlatFunction or None) for a graph or a function that
+    lifts whole as one region, else ("program", Prepared). Traces the function; call it outside
+    `jax.ensure_compile_time_eval()` (there a mask built inside the function arrives folded)."""
+    if isinstance(fn_or_graph, KernelGraph) or not callable(fn_or_graph):
+        return ("kernel", *_spec_of(fn_or_graph, example_args))
+    from mugraph.program import prepare
+    prepared = prepare(fn_or_graph, example_args)
+    if prepared.single_region():
+        try:
+            return ("kernel", *_spec_of(fn_or_graph, example_args))
+        except MugraphError:   # the front end takes only part of what a region takes (0-d)
+            pass
+    return ("program", prepared)
+
+
+def _build(plan: tuple, config, *, progress=None, cache=True, executor=None, strict=True,
+           extend: bool = False):
+    """Search what `_plan` found: a Kernel, or a Program (`strict`: a program with nothing to
+    lift is an error, else a Program that is all JAX). `extend`: a budget larger than a stored
+    search's continues it (see `superoptimize`)."""
     store = _store(cache)
-    try:
-        answer = cached_search(spec, config, cache=store or False, progress=progress,
-                               extend=budget_given(config_arg, budget_seconds))
-    except Interrupted as stopped:
-        raise Interrupted(str(stopped), _stopped_kernel(stopped.result, spec, config.target,
-                                                        flat)) from None
-    return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
-                  origin=answer.note, cache_key=answer.key, store=store)
+    if plan[0] == "kernel":
+        from mugraph.search.cached import cached_search
+        _, spec, flat = plan
+        try:
+            answer = cached_search(spec, config, cache=store or False, progress=progress,
+                                   executor=executor, extend=extend)
+        except Interrupted as stopped:
+            raise Interrupted(str(stopped), _stopped_kernel(stopped.result, spec, config.target,
+                                                            flat)) from None
+        return Kernel(answer.result.best, spec, answer.result, config.target, fn=flat,
+                      origin=answer.note, cache_key=answer.key, store=store)
+    from mugraph.program import compile_program, no_region_error
+    prepared = plan[1]
+    if strict and not prepared.liftable():
+        raise no_region_error(prepared)
+    return compile_program(prepared, config, cache=store, executor=executor, progress=progress)
 
 
 def budget_given(config, budget_seconds) -> bool:
@@ -278,19 +338,24 @@ def _spec_of(fn_or_graph, example_args):
                        f"{type(fn_or_graph).__name__}")
 
 
-def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = None, cache=True):
-    """Compile `fn` on first call per input signature (shapes, dtypes, pytree) and run the kernel
-    inside JAX: the result works under `jax.jit`, `jax.grad` and `jax.vmap` (see Kernel.as_jax).
+def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = None, cache=True,
+        executor=None):
+    """Compile `fn` on first call per input signature (shapes, dtypes, pytree) and run it inside
+    JAX: the result works under `jax.jit`, `jax.grad` and `jax.vmap` (see Kernel.as_jax).
 
+    Whole layers work: what mugraph cannot lift runs as JAX (a program of regions, see
+    superoptimize; `wrapper.kernels` holds what was compiled, with its report), and what mugraph
+    would make slower than jax.jit by its own estimate is not used (the JAX function runs).
     `backend="auto"` uses "cuda" where JAX sees a GPU and otherwise runs `fn` itself (one
     warning); "harness" runs the generated CUDA on the CPU harness; "cuda" requires a GPU.
-    `config`, `target` and `cache` are superoptimize's."""
+    `config`, `target`, `cache` and `executor` are superoptimize's."""
     if fn is None:
-        return functools.partial(jit, backend=backend, config=config, target=target, cache=cache)
+        return functools.partial(jit, backend=backend, config=config, target=target, cache=cache,
+                                 executor=executor)
     from mugraph.jax_integration import BACKENDS
     if backend not in BACKENDS:
         raise InvalidInput(f"unknown backend {backend!r}", hint=f"one of: {', '.join(BACKENDS)}")
-    compiled = _Compiled(fn, backend, config, target, cache)
+    compiled = _Compiled(fn, backend, config, target, cache, executor)
 
     @functools.wraps(fn)
     def wrapper(*args):
@@ -303,9 +368,9 @@ def jit(fn=None, *, backend: str = "auto", config=None, target: str | None = Non
 class _Compiled:
     """The kernels `jit` built for one function, by input signature."""
 
-    def __init__(self, fn, backend: str, config, target: str | None, cache=True):
+    def __init__(self, fn, backend: str, config, target: str | None, cache=True, executor=None):
         self.fn, self.backend, self.config, self.target = fn, backend, config, target
-        self.cache = cache
+        self.cache, self.executor = cache, executor
         self.kernels: dict = {}
         self.warned = False
 
@@ -330,18 +395,35 @@ class _Compiled:
         key = (in_tree, tuple((tuple(np.shape(x)), str(np.dtype(x.dtype))) for x in leaves))
         if key not in self.kernels:
             self.kernels[key] = self._compile(args)
-        kernel = self.kernels[key]
-        outs = kernel.as_jax(backend)(*leaves)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        return jax.tree_util.tree_unflatten(kernel.fn.out_tree, list(outs))
+        return _run_compiled(self.kernels[key], self.jitted, backend, args, leaves)
 
-    def _compile(self, args) -> Kernel:
+    @functools.cached_property
+    def jitted(self):
+        """jax.jit(fn): what runs where mugraph's kernel is estimated slower."""
+        return jax.jit(self.fn)
+
+    def _compile(self, args):
         specs = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
-        # the search runs JAX itself (tracing, the float test against jax.jit(fn)): eagerly, not
-        # inside the trace of a jax.jit this call may sit in
+        # one front end, one answer: trace here, as superoptimize does (under compile-time eval a
+        # mask built inside fn would arrive as a folded constant array) ...
+        plan = _plan(self.fn, specs)
+        config = make_config(self.config, target=self.target)
+        # ... and search eagerly (the search runs JAX itself: the float test against
+        # jax.jit(fn)), not inside the trace of a jax.jit this call may sit in
         with jax.ensure_compile_time_eval():
-            return superoptimize(self.fn, *specs, config=self.config, target=self.target,
-                                 cache=self.cache)
+            return _build(plan, config, cache=self.cache, executor=self.executor, strict=False)
+
+
+def _run_compiled(found, jitted, backend: str, args, leaves):
+    """Run what `jit` compiled: a Program as one JAX program, a Kernel through its custom call,
+    or `jax.jit(fn)` where the kernel is estimated slower than it."""
+    if not isinstance(found, Kernel):
+        return found.as_jax(backend)(*args)
+    if found.slower_than_jax:
+        return jitted(*args)
+    outs = found.as_jax(backend)(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return jax.tree_util.tree_unflatten(found.fn.out_tree, list(outs))
 
 
 def load_function(spec: str):

@@ -262,12 +262,15 @@ def _report_line(summary: str, prefix: str) -> str:
 
 
 def cmd_bench(args) -> int:
-    from mugraph.bench_search import main as bench_search
     if args.what == "search":
+        from mugraph.bench_search import main as bench_search
         return bench_search(args.rest)
+    if args.what == "models":
+        from mugraph.bench_models import main as bench_models
+        return bench_models(args.rest)
     raise MugraphError(f"unknown benchmark {args.what!r}",
-                       hint="mugraph bench search; the others are scripts: python bench/verify.py, "
-                            "python bench/gpu.py, python bench/abstract.py")
+                       hint="mugraph bench search, mugraph bench models; the others are scripts: "
+                            "python bench/verify.py, python bench/gpu.py, python bench/abstract.py")
 
 
 def main(argv=None) -> int:
@@ -322,8 +325,9 @@ def main(argv=None) -> int:
                    help="rerun the searches (fixed seed and state budget) for the searched/ winners")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(run=cmd_regen)
-    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--suite all] [--cases a,b]`")
-    p.add_argument("what", choices=("search",))
+    p = sub.add_parser("bench", help="benchmarks: `mugraph bench search [--suite all] [--cases "
+                                     "a,b]`, `mugraph bench models [--dims full] [--stack 32]`")
+    p.add_argument("what", choices=("search", "models"))
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(run=cmd_bench)
     args = parser.parse_args(argv)
