@@ -327,9 +327,20 @@ def _reads(c: Classification):
     def node(vid):
         if vid not in made:
             v = c.program.value(vid)
-            made[vid] = kernel_input(f"v{vid}", v.shape or (1,), _ir_dtype_name(v.dtype))
+            made[vid] = kernel_input(f"v{vid}", _as_ir_shape(v.shape), _ir_dtype_name(v.dtype))
         return made[vid]
     return node
+
+
+def _as_ir_shape(shape) -> tuple[int, ...]:
+    """`shape` as a kernel graph holds it, for the cost model (which reads only its bytes): 0-d as
+    [1], and rank above the IR's MAX_RANK with its leading dims merged (a GQA repeat's 5-d
+    broadcast is a view, never a buffer of that rank)."""
+    from mugraph.ir.shapes import MAX_RANK
+    shape = tuple(shape) or (1,)
+    if len(shape) > MAX_RANK:
+        shape = (math.prod(shape[:len(shape) - MAX_RANK + 1]),) + shape[len(shape) - MAX_RANK + 1:]
+    return shape
 
 
 def _ir_dtype_name(dtype) -> str:

@@ -191,6 +191,11 @@ class MagnitudeSemantics:
     def constant(self, value: float, shape, dtype: DType) -> Triple:
         return Triple(np.full(shape, value, np.float64))
 
+    def table(self, arg) -> Triple:
+        """A TABLE's stored values: exact constants, as `constant` is."""
+        values, shape, _ = arg
+        return Triple(np.asarray(values.array(shape), np.float64))
+
     def cast(self, x, dtype: DType):
         return x        # storage in float64: the explicit CAST op rounds
 

@@ -95,3 +95,15 @@ def test_a_matmul_of_cancelling_terms_passes_at_fp16_while_a_lost_small_element_
     lost = ir.KernelGraph([ir.concat([y + 1e5, ((y + 1e5) - 1e5)], 0)])
     result = float_diff(big, lost, seed=0)
     assert not result.passed and result.mode("own").worst.index[0] >= 8
+
+
+def test_a_table_of_stored_constants_is_exact():
+    """A TABLE (a constant array the program closes over, e.g. a folded mask) holds exact values:
+    the triple carries them with no rounding budget, as a scalar constant does."""
+    table = np.linspace(-1.0, 1.0, 32).reshape(4, 8).astype(np.float32)
+    graph = ir.from_jax(lambda x: x * table + 1.0, np.ones((4, 8), np.float32))
+    assert any(n.op is ir.KOp.TABLE for n in graph.nodes)
+    x = np.random.default_rng(0).standard_normal((4, 8))
+    (out,) = run(graph, [x])
+    np.testing.assert_allclose(out.v, x * table.astype(np.float64) + 1.0)
+    np.testing.assert_array_less(0.0, out.magnitude() + (out.v == 0))
