@@ -349,7 +349,9 @@ def _ir_dtype_name(dtype) -> str:
 
 def _stretches_ending_at(c, run, costs, last, j, limits: Limits, target: str, reads):
     """(i, estimated fused seconds) for each stretch run[i:j] within the limits, growing it
-    backwards from j."""
+    backwards from j. One step is a stretch whatever its size (an einsum over heads and head dim
+    lowers to several matmuls): it cannot be cut further, and refusing it would leave the whole
+    run without a cutting."""
     matmuls = ops = tc = simt = 0
     inputs: dict = {}
     outputs: set = set()
@@ -357,7 +359,7 @@ def _stretches_ending_at(c, run, costs, last, j, limits: Limits, target: str, re
     for i in range(j - 1, -1, -1):
         step, cost = run[i], costs[i]
         matmuls, ops = matmuls + cost.matmuls, ops + cost.ops
-        if matmuls > limits.max_matmuls or ops > limits.max_ops:
+        if (matmuls > limits.max_matmuls or ops > limits.max_ops) and i < j - 1:
             return
         tc, simt = tc + cost.tc, simt + cost.simt
         made.update(step.outs)

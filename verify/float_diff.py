@@ -235,8 +235,10 @@ class CaseInputs(dict):
 
 @functools.lru_cache(maxsize=8)
 def _widening_table(dtype: np.dtype, to: type) -> np.ndarray:
-    """Every value of a 16-bit float dtype, by bit pattern, in `to`."""
-    return np.arange(1 << 16, dtype=np.uint16).view(dtype).astype(to)
+    """Every value of a 16-bit float dtype, by bit pattern, in `to` (its NaN patterns stay NaN:
+    ml_dtypes warns casting them, which is no news here)."""
+    with np.errstate(invalid="ignore"):
+        return np.arange(1 << 16, dtype=np.uint16).view(dtype).astype(to)
 
 
 def widen(a, to: type = np.float64) -> np.ndarray:

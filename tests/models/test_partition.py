@@ -157,6 +157,25 @@ def test_limits_bound_every_region():
     assert sum(r.matmuls for r in tight.regions) == sum(r.matmuls for r in loose.regions) == 9
 
 
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_step_larger_than_the_limits_is_a_region_of_its_own_not_a_reason_to_split_all(name):
+    """Every region holds at most the limits' matmuls and ops unless it is one step (a multi-head
+    einsum lowers to several matmuls and cannot be cut); the layer's lifted steps gather into
+    regions of several steps, never one region per step (the fallback when no cutting fits)."""
+    _, p = _small(name)
+    limits = Limits()
+    for r in p.regions:
+        assert len(r.steps) == 1 or (r.matmuls <= limits.max_matmuls and r.ops <= limits.max_ops), \
+            describe(r)
+    lifted = sum(len(r.steps) for r in p.regions)
+    assert len(p.regions) * 3 <= lifted, f"{len(p.regions)} regions for {lifted} lifted steps"
+
+
+def describe(region) -> str:
+    from mugraph.search.partition import describe_region
+    return f"region {region.index}: {describe_region(region)} ({region.matmuls} matmuls, {region.ops} ops)"
+
+
 @pytest.mark.parametrize("name", ["single_head_block", "moe_top2", "llama3_decode"])
 def test_identical_layers_cut_into_identical_regions(name):
     from mugraph.bench_models import stack_layers
