@@ -1515,12 +1515,30 @@ def _dict_output_names(out_shape, count: int):
 # as an output. A 0-d value crosses as a shape-(1,) tensor.
 def boundary_view(name: str, shape, dtype) -> View | None:
     """A fresh graph input standing for a value computed elsewhere (float, rank 0 to 4), or None
-    where no kernel tensor can hold it (integers, booleans, rank > 4)."""
+    where no kernel tensor can hold it (integers, rank > 4). A boolean (a mask JAX computed from
+    positions or lengths) enters as a float32 tensor of 0s and 1s, the front end's own form of a
+    mask (SELECT takes c != 0); whoever feeds the kernel converts it (`boundary_array`)."""
     shape, dtype = tuple(shape), np.dtype(dtype)
-    if dtype.name not in _INPUT_DTYPES or len(shape) > MAX_RANK:
+    if len(shape) > MAX_RANK or (dtype.name not in _INPUT_DTYPES and dtype != np.bool_):
         return None
-    node = kernel_input(name, shape or (1,), DType.parse(dtype.name))
+    node = kernel_input(name, shape or (1,), DType.parse("float32" if dtype == np.bool_ else dtype.name))
+    if dtype == np.bool_:    # the mask as the front end makes one from a float: x != 0
+        node = KNode(TOp.NE, (node, _const_node(0.0, node)))
     return _view(node, range(len(shape)), shape)
+
+
+def boundary_input(view: View) -> KNode:
+    """The kernel input under a `boundary_view` (a boolean's view is `input != 0`)."""
+    node = view.node
+    return node if node.op is KOp.INPUT else node.srcs[0]
+
+
+def boundary_array(x, dtype):
+    """The array a kernel input made by `boundary_view` for a value of `dtype` takes: a boolean
+    as float32 0/1, anything else as it is (NumPy or JAX arrays alike)."""
+    if np.dtype(dtype) != np.bool_:
+        return x
+    return x.astype(np.float32)
 
 
 def literal_value(var) -> Const:

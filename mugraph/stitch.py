@@ -21,6 +21,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from mugraph.ir.errors import InvalidInput
+from mugraph.ir.jax_frontend import boundary_array
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,11 @@ def _run_region(outcome, read, env: dict, run_region: Callable, program) -> None
 
 
 def _to_tensor(x, value):
-    """A region input: 0-d values as shape (1,)."""
+    """A region input: 0-d values as shape (1,), booleans as float32 0/1 (`boundary_view`)."""
+    x = boundary_array(x if _is_jax(x) else np.asarray(x), value.dtype)
     if value.shape:
         return x
-    return jnp.reshape(x, (1,)) if _is_jax(x) else np.reshape(np.asarray(x), (1,))
+    return jnp.reshape(x, (1,)) if _is_jax(x) else np.reshape(x, (1,))
 
 
 def _is_jax(x) -> bool:

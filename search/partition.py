@@ -86,19 +86,26 @@ def _partition(program, limits, target, classification) -> Partition:
 def schedule(c: Classification, groups: dict | None = None) -> list[Step]:
     """The non-constant steps in a topological order, layer by layer (`groups`: step index ->
     layer, from `layers.layer_groups`; a layer's steps never depend on a later one's). Within a
-    layer: a lifted step whenever one is ready, else a JAX step (lowest program index first), so
-    lifted steps gather into long runs."""
+    layer, the order of two greedy ones that breaks the lifted steps into fewer runs: a lifted
+    step whenever one is ready, else a JAX step; or a JAX step whenever one is ready (a KV-cache
+    update, a mask from positions), else a lifted one (lowest program index first)."""
     groups = groups or {}
     layers = sorted({groups.get(s.index, 0) for s in c.program.steps})
     order = []
     for layer in layers:
         chosen = [s for s in c.program.steps if c.kind(s.index) is not Kind.CONST
                   and groups.get(s.index, 0) == layer]
-        order += _schedule_layer(c, chosen)
+        order += min((_schedule_layer(c, chosen, first) for first in (Kind.LIFT, Kind.JAX)),
+                     key=lambda o: _lifted_runs(c, o))
     return order
 
 
-def _schedule_layer(c: Classification, steps: list) -> list[Step]:
+def _lifted_runs(c: Classification, order: list[Step]) -> int:
+    kinds = [c.kind(s.index) is Kind.LIFT for s in order]
+    return sum(k and (i == 0 or not kinds[i - 1]) for i, k in enumerate(kinds))
+
+
+def _schedule_layer(c: Classification, steps: list, first: Kind = Kind.LIFT) -> list[Step]:
     inside = {s.index for s in steps}
     deps = {s.index: {c.producer[v] for v in s.value_ins() if c.producer.get(v) in inside}
             for s in steps}
@@ -113,7 +120,8 @@ def _schedule_layer(c: Classification, steps: list) -> list[Step]:
             heapq.heappush(ready[c.kind(i)], i)
     order = []
     while ready[Kind.LIFT] or ready[Kind.JAX]:
-        i = heapq.heappop(ready[Kind.LIFT] or ready[Kind.JAX])
+        second = Kind.JAX if first is Kind.LIFT else Kind.LIFT
+        i = heapq.heappop(ready[first] or ready[second])
         order.append(c.program.steps[i])
         for u in users.get(i, ()):
             waiting[u] -= 1

@@ -10,7 +10,7 @@ from jax.extend.core import Literal
 
 from mugraph.ir.errors import MugraphError, UnsupportedOp
 from mugraph.ir.graph import KernelGraph
-from mugraph.ir.jax_frontend import (Const, Opaque, boundary_view, exported_node, lift_eqn,
+from mugraph.ir.jax_frontend import (Const, Opaque, boundary_input, boundary_view, exported_node, lift_eqn,
                                      literal_value)
 from mugraph.ir.node import toposort
 from mugraph.ir.ops import KERNEL_LAYOUT, KERNEL_LEAF, KOp
@@ -105,7 +105,7 @@ def _region_arg(c: Classification, x, env: dict, inputs: list):
     if view is None:
         raise UnsupportedOp(f"{v.describe()} cannot enter a kernel", primitive="input")
     env[x] = view
-    inputs.append((x, view.node))
+    inputs.append((x, boundary_input(view)))
     return view
 
 

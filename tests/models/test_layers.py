@@ -271,3 +271,36 @@ def test_bench_models_prints_a_row_per_layer(tmp_path, capsys):
     assert row["layer"] == "soft_moe" and row["lifted"].startswith("24/24")
     assert row["speedup"] >= 1.0 and row["cold_s"] > 0 and row["warm_s"] > 0
     assert cli(["bench", "models", "--layers", "nope"]) == 2
+
+
+def _masked_by_length(x, w, n):
+    """Attention-like: keys past a length `n` (an int32 JAX holds) masked with -inf, softmax,
+    then a projection. The mask is a boolean JAX computes from `n`."""
+    keep = jnp.arange(x.shape[-1]) < n
+    s = jnp.where(keep, x, -jnp.inf)
+    return jax.nn.softmax(s, axis=-1) @ w
+
+
+def _zeroed_past_length(x, w, n):
+    """Columns of x past a length `n` zeroed before a projection."""
+    return jax.nn.relu(jnp.where(jnp.arange(x.shape[-1]) < n, x, 0.0) @ w)
+
+
+def test_a_boolean_jax_computes_enters_the_region_that_uses_it(cache):
+    """The comparison with the int32 length stays JAX; its boolean result enters the region of
+    the select as a float 0/1 tensor (not a reason to cut the softmax from its select), and the
+    stitched program equals jax.jit(fn), masked keys included."""
+    from mugraph.program import prepare
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 64), jnp.float32)
+    w = jax.random.normal(jax.random.PRNGKey(1), (64, 32), jnp.float32)
+    n = jnp.int32(37)
+    p = prepare(_masked_by_length, (x, w, n)).partition
+    (select_region,) = [r for r in p.regions if any(s.primitive == "select_n" for s in r.steps)]
+    assert {"select_n", "reduce_max", "exp", "div"} <= {s.primitive for s in select_region.steps}
+    assert select_region.spec is not None
+    for f in (_masked_by_length, _zeroed_past_length):
+        fn = mugraph.jit(f, backend="harness", config=CHEAP, cache=cache)
+        for length in (37, 1, 64):
+            assert_matches(fn(x, w, jnp.int32(length)), jax.jit(f)(x, w, jnp.int32(length)))
+    (program,) = fn.kernels.values()
+    assert "(1 fused, 0 kept as JAX)" in str(program.report), str(program.report)
