@@ -83,13 +83,14 @@ class ProgramReport:
         if not p.rounds:
             return "search: no region was searched"
         shared = sum(o.same_as is not None for o in p.outcomes)
-        rounds = "; ".join(f"round {k + 1}: {r.searched} searched, {r.seconds_each:.1f} s each"
+        rounds = "; ".join(f"round {k + 1}: {r.searched} searched, {r.seconds_each:.1f} s each on average"
                            + (f", {r.split} regions that found no fused kernel cut again"
                               if r.split else "")
                            for k, r in enumerate(p.rounds))
         workers = min(p.config.workers, max(r.searched for r in p.rounds) or 1)
-        return (f"search (budget {p.config.budget_seconds:g} s, {workers} at a time; identical "
-                f"regions share one search, {shared} shared here): {rounds}")
+        return (f"search (budget {p.config.budget_seconds:g} s, {workers} at a time, shared among "
+                f"regions by their ops; identical regions share one search, {shared} shared here; "
+                f"regions of one op are not searched): {rounds}")
 
     def __str__(self) -> str:
         return self.text()

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from mugraph.search.cache import (CorruptEntry, ResultCache, make_entry, read_entry, search_key)
+from mugraph.ir.errors import MugraphError
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,12 @@ def _from_bucket(store, key, spec, config) -> tuple[Answer | None, str]:
             old = read_entry(entry, old_spec)
         except Exception:  # a damaged bucket row or entry: the search goes on without it
             continue
-        resized = resize_winner(old_spec, old.best, spec, config.target, seed=config.seed)
+        try:
+            resized = resize_winner(old_spec, old.best, spec, config.target, seed=config.seed)
+        except MugraphError as e:   # e.g. a mask whose dims the old shapes did not tie to the rest
+            why = why or (f"the structure found for {shapes} does not re-size to these shapes "
+                          f"({e.message.splitlines()[0]}); ")
+            continue
         if resized is None:
             why = why or f"the structure found for {shapes} does not fit these shapes; "
             continue

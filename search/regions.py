@@ -53,16 +53,39 @@ MIN_REGION_SECONDS = 1.0     # SearchConfig's least budget
 
 
 def region_budget(total: float, distinct: int, workers: int) -> float:
-    """Seconds for each of `distinct` searches, `workers` at a time, within `total` (but at least
-    MIN_REGION_SECONDS each)."""
+    """Seconds for each of `distinct` equal searches, `workers` at a time, within `total` (but at
+    least MIN_REGION_SECONDS each)."""
     if distinct <= 0:
         return total
     return max(MIN_REGION_SECONDS, total * min(max(1, workers), distinct) / distinct)
 
 
+def region_budgets(total: float, specs: list, workers: int) -> list[float]:
+    """Seconds for each search of `specs`, `workers` at a time, within `total`: shared in
+    proportion to each spec's compute ops (an attention of a dozen ops needs more states than a
+    norm of three), at least MIN_REGION_SECONDS each. Deterministic: the same program asks the
+    cache the same questions."""
+    if not specs:
+        return []
+    weights = [max(1, _compute_ops(spec)) for spec in specs]
+    pool = total * min(max(1, workers), len(specs))
+    return [max(MIN_REGION_SECONDS, pool * w / sum(weights)) for w in weights]
+
+
+def _compute_ops(spec) -> int:
+    from mugraph.search.region import is_compute
+    return sum(is_compute(n) for n in spec.nodes)
+
+
+# a region of one op is one kernel under jax.jit too: there is nothing to fuse, so no search
+ONE_OP = ("one op: jax.jit runs it as one kernel too, so there is nothing to fuse (not "
+          "searched)")
+
+
 @dataclass(frozen=True)
 class Round:
-    """One round of region searches: how many distinct regions it searched, seconds each."""
+    """One round of region searches: how many distinct regions it searched, seconds each on
+    average (`region_budgets` shares a round's budget by ops)."""
 
     searched: int
     seconds_each: float
@@ -83,7 +106,7 @@ def search_program(p: Partition, config, *, cache=None, executor=None, progress=
     known, rounds, given = {}, [], 0.0
     for k, share in enumerate(ROUND_SHARES):
         budget = max(MIN_REGION_SECONDS, config.budget_seconds * share)
-        fresh = len({r.spec for r in p.regions if r.spec is not None} - set(known))
+        fresh = len({r.spec for r in p.regions if r.spec is not None and r.ops > 1} - set(known))
         outcomes = search_regions(p, config.replace(budget_seconds=budget), cache=cache,
                                   executor=executor, known=known, progress=progress)
         split = {o.region.index: t for o in outcomes if not o.fused and o.region.spec is not None
@@ -106,21 +129,21 @@ def search_regions(p: Partition, config, *, cache=None, executor=None, known=Non
     progress display (as `search`'s), in-process only (workers keep quiet)."""
     from mugraph.search.executors import make_executor
     known = {} if known is None else known
-    searchable = [r for r in p.regions if r.spec is not None]
+    searchable = [r for r in p.regions if r.spec is not None and r.ops > 1]
     groups: dict = {}
     for r in searchable:
         groups.setdefault(r.spec, []).append(r.index)
     distinct = [spec for spec in groups if spec not in known]
     if distinct:
-        per = region_budget(config.budget_seconds, len(distinct), config.workers)
-        sub = config.replace(budget_seconds=per, workers=1)
+        budgets = region_budgets(config.budget_seconds, distinct, config.workers)
         own = executor is None
         executor = executor or make_executor(min(config.workers, len(distinct)))
         folder = str(cache.folder) if cache is not None else None
         shown = progress if getattr(executor, "name", "") == "in-process" else _silent
         try:
-            answers = list(executor.map(search_task, [(spec, sub, folder, shown)
-                                                      for spec in distinct]))
+            answers = list(executor.map(search_task, [
+                (spec, config.replace(budget_seconds=seconds, workers=1), folder, shown)
+                for spec, seconds in zip(distinct, budgets)]))
         finally:
             if own:
                 executor.close()
@@ -130,6 +153,10 @@ def search_regions(p: Partition, config, *, cache=None, executor=None, known=Non
     for r in p.regions:
         if r.spec is None:
             outcomes.append(Outcome(r, False, r.note))
+            continue
+        if r.ops <= 1:
+            outcomes.append(Outcome(r, False, ONE_OP, None, None,
+                                    xla_estimate(r.spec, config.target).seconds))
             continue
         first = groups[r.spec][0]
         outcome = decide(r, by_spec[r.spec], config.target)

@@ -89,3 +89,20 @@ def test_jit_resizes_for_a_new_batch_and_runs_the_kernel(fresh_cache):
         assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
     origins = [k.origin for k in f.kernels.values()]
     assert origins[0].startswith("searched") and origins[1].startswith("re-sized")
+
+
+def test_a_winner_that_cannot_be_resized_here_is_searched_not_an_error(fresh_cache, monkeypatch):
+    """Re-sizing a stored winner can refuse these shapes with a typed error (a mask whose dims
+    the old shapes did not tie to the rest): the search runs, and the report says why."""
+    import mugraph.search.buckets as buckets
+    from mugraph.ir.errors import ShapeError
+    mugraph.superoptimize(layer, *_args(8), config=CONFIG, progress=False, cache=fresh_cache)
+
+    def refuse(*args, **kwargs):
+        raise ShapeError("select of [512,512] and [1,32,128,128]: dim -1 is 512 vs 128")
+
+    monkeypatch.setattr(buckets, "resize_winner", refuse)
+    again = mugraph.superoptimize(layer, *_args(48), config=CONFIG, progress=False, cache=fresh_cache)
+    assert "does not re-size to these shapes (select of [512,512]" in again.origin
+    assert "searched; stored as cache entry" in again.origin
+    assert again.graph.custom_ops() and _computes_spec(again)

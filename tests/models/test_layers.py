@@ -172,8 +172,10 @@ def test_identical_layers_are_searched_once(cache):
                                     progress=False)
     assert len(stacked.outcomes) == 3 * len(single.outcomes)
     assert stacked.report.searched == single.report.searched
-    assert sum(o.same_as is not None for o in stacked.outcomes) == 2 * len(single.outcomes)
-    assert f"{2 * len(single.outcomes)} shared here" in str(stacked.report)
+    searched = sum(o.answer is not None for o in single.outcomes)   # regions of one op are not
+    assert 0 < searched < len(single.outcomes)
+    assert sum(o.same_as is not None for o in stacked.outcomes) == 2 * searched
+    assert f"{2 * searched} shared here" in str(stacked.report)
     args = three.args(0)
     assert_matches(stacked.run_reference(*args), jax.jit(three.fn)(*args))
 
