@@ -191,9 +191,7 @@ def decide(region: Region, answer, target: str) -> Outcome:
     result = answer.result
     best = result.best_candidate
     if best.origin != "search" or not best.graph.custom_ops():
-        report = result.report
-        return Outcome(region, False, f"the search found no fused kernel ({report.stop_reason} "
-                                      f"after {report.states} states)", answer, best.seconds, xla)
+        return Outcome(region, False, _no_fused_reason(result), answer, best.seconds, xla)
     verification = result.report.verification
     if verification is None or not verification.equivalent:
         why = getattr(verification, "reason", None) or "not verified"
@@ -204,6 +202,20 @@ def decide(region: Region, answer, target: str) -> Outcome:
                                       f"slower than jax.jit's {xla * 1e6:.2f} us", answer,
                        best.seconds, xla)
     return Outcome(region, True, "", answer, best.seconds, xla)
+
+
+def _no_fused_reason(result) -> str:
+    """Why a search's winner has no custom kernel: none found, or every one found estimated
+    slower than the spec's own library kernels (a compute-bound GEMM: cuBLAS's rate against
+    mma.sync's)."""
+    report = result.report
+    fused = [c for c in result.candidates if c.origin == "search" and c.graph.custom_ops()]
+    if not fused:
+        return f"the search found no fused kernel ({report.stop_reason} after {report.states} states)"
+    spec = result.candidates[0]
+    return (f"the search found {report.verified} verified fused structures, but the best fused "
+            f"kernel is estimated {fused[0].seconds * 1e6:.2f} us, slower than the spec's own "
+            f"kernels ({spec.seconds * 1e6:.2f} us)")
 
 
 # ---- the whole program ------------------------------------------------------------------------

@@ -45,3 +45,18 @@ def test_a_region_of_one_op_is_not_searched_and_the_program_still_runs(tmp_path)
     assert not outcome.fused and outcome.reason == ONE_OP and outcome.answer is None
     assert ONE_OP in str(program.report)
     assert program.rounds[0].searched == 0
+
+
+def test_a_region_whose_fused_kernels_all_lose_says_so():
+    """A compute-bound GEMM with its residual: the search finds fused structures, but the spec's
+    library kernels win; the reason says that, not that nothing was found."""
+    from types import SimpleNamespace as NS
+    from mugraph.search.regions import _no_fused_reason
+    spec = NS(origin="spec", graph=NS(custom_ops=lambda: []), seconds=64.8e-6)
+    fused = NS(origin="search", graph=NS(custom_ops=lambda: ["k0"]), seconds=115.7e-6)
+    report = NS(stop_reason="time", states=34609, verified=21)
+    lost = _no_fused_reason(NS(report=report, candidates=(spec, fused)))
+    assert lost == ("the search found 21 verified fused structures, but the best fused kernel is "
+                    "estimated 115.70 us, slower than the spec's own kernels (64.80 us)")
+    none = _no_fused_reason(NS(report=report, candidates=(spec,)))
+    assert none == "the search found no fused kernel (time after 34609 states)"
