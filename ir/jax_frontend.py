@@ -901,7 +901,8 @@ def _moves_computed_dims(v: View, slots) -> bool:
 def _dot_layout(eqn, lhs: View, rhs: View):
     """(left view, right view, left slots, right slots, out): the operand order that transposes
     fewer computed tensors (attention's probs @ V rather than V^T @ probs^T; the result is a lazy
-    view either way)."""
+    view either way); on a tie, a computed row vector goes on the left (a decode step's
+    probs [1, T] @ V [T, d], which jnp.einsum emits as dot_general(V, probs))."""
     dims = eqn.params["dimension_numbers"]
     lrank, rrank = len(lhs.shape), len(rhs.shape)
     lslots, rslots, out = _dot_slots(dims, lrank, rrank)
@@ -910,9 +911,22 @@ def _dot_layout(eqn, lhs: View, rhs: View):
     except _Unsupported:
         return lhs, rhs, lslots, rslots, out
     cost = _moves_computed_dims(lhs, lslots) + _moves_computed_dims(rhs, rslots)
-    if _moves_computed_dims(rhs, sl) + _moves_computed_dims(lhs, sr) < cost:
+    swapped = _moves_computed_dims(rhs, sl) + _moves_computed_dims(lhs, sr)
+    if swapped < cost or (swapped == cost and _computed_vector_on_the_right(dims, lhs, rhs)):
         return rhs, lhs, sl, sr, sout
     return lhs, rhs, lslots, rslots, out
+
+
+def _computed_vector_on_the_right(dims, lhs: View, rhs: View) -> bool:
+    """Whether the right operand is a computed tensor with one free element per batch (a decode
+    step's probs) against a left operand with several: it goes on the left, probs @ V, the form
+    the search's attention structures take (jnp.einsum emits dot_general(V, probs))."""
+    (lc, rc), (lb, rb) = dims
+    free = lambda v, c, b: math.prod(n for d, n in enumerate(v.shape) if d not in (*c, *b))  # noqa: E731
+    if not free(rhs, rc, rb) == 1 < free(lhs, lc, lb):
+        return False
+    root = strided_view(rhs.node)
+    return root is None or root.root.op not in (KOp.INPUT, KOp.IOTA, KOp.TABLE)
 
 
 def lift_dot_general(eqn, lhs, rhs):

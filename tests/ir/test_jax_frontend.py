@@ -566,3 +566,17 @@ def test_random_programs_agree_with_jax(batch, rows, cols, program, seed):
         return v, jnp.sum(v, -1)
 
     check(fn, *arrays)
+
+
+def test_a_decode_step_s_probs_go_on_the_left_of_v():
+    """jnp.einsum emits a decode step's probs @ V as dot_general(V, probs) (one query row): the
+    front end lifts it as probs [1, T] @ V [T, d], the form the search's attention structures take,
+    not V^T @ probs^T."""
+    def pv(p, v):
+        return jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(p, axis=-1), v)
+    graph = ir.from_jax(pv, S((1, 8, 1, 64), F32), S((1, 64, 8, 16), F32))
+    (mm,) = [n for n in graph.nodes if n.op is KOp.MATMUL]
+    assert mm.shape == (1, 8, 1, 16) and mm.srcs[0].op is ir.TOp.DIV
+    rng = np.random.default_rng(0)
+    check(pv, rng.standard_normal((1, 8, 1, 64)).astype(np.float32),
+          rng.standard_normal((1, 64, 8, 16)).astype(np.float32))
