@@ -164,6 +164,41 @@ class Misfit(Enum):
     CODEGEN = "codegen"      # the code generator has no rule for it
 
 
+class Launch(Enum):
+    """How a program's kernels are launched; each kernel is charged by `launch_charges`."""
+
+    JIT = "jit"       # inside one jax.jit program: the headline path (mugraph's kernels and the baseline alike)
+    EAGER = "eager"   # one Python call per kernel (CuPy): the secondary figure
+    GRAPH = "graph"   # the whole plan captured as one CUDA graph (bench/gpu.py's replay)
+
+
+def launch_path(launch=Launch.JIT, cuda_graph: bool = False) -> Launch:
+    """A `Launch` from itself or its name; ``cuda_graph=True`` (the older spelling) is `Launch.GRAPH`."""
+    return Launch.GRAPH if cuda_graph else Launch(launch)
+
+
+def launch_charges(target, capturable, launch=Launch.JIT) -> list[float]:
+    """Seconds charged to launch each kernel of a program, in launch order; ``capturable[i]``: whether XLA can
+    record kernel i into a command buffer (fusions, library GEMMs, FFI handlers declared command-buffer
+    compatible). Under jax.jit a run of at least ``command_buffer_min_kernels`` capturable kernels is replayed as
+    one command buffer (``graph_launch_s`` each); every other kernel is launched from C++ (``jit_launch_s``).
+    Eager: ``launch_s`` each; a CUDA graph: ``graph_launch_s`` each. Sources: codegen/calibration.json."""
+    t, how, capturable = get_target(target), Launch(launch), list(capturable)
+    if how is Launch.EAGER:
+        return [t.launch_s] * len(capturable)
+    if how is Launch.GRAPH:
+        return [t.graph_launch_s] * len(capturable)
+    charges, i = [], 0
+    while i < len(capturable):
+        j = i
+        while j < len(capturable) and capturable[j] == capturable[i]:
+            j += 1
+        recorded = capturable[i] and j - i >= t.command_buffer_min_kernels
+        charges += [t.graph_launch_s if recorded else t.jit_launch_s] * (j - i)
+        i = j
+    return charges
+
+
 # ---- FLOP counting ------------------------------------------------------------------------------
 def _elems(shape) -> int:
     return math.prod(shape)
@@ -395,12 +430,13 @@ def _library_kernel(name: str, node: KNode, t: Target, launch: float) -> KernelE
 
 
 def fused_kernel(name: str, reads, write_bytes: int, tc_flops: int, simt_flops: int,
-                 target="h100", *, cuda_graph: bool = False) -> KernelEstimate:
+                 target="h100", *, launch_s: float | None = None, cuda_graph: bool = False) -> KernelEstimate:
     """One vendor-style kernel (a library call, an XLA fusion) that reads the tensors `reads` once
     each (a layout view counts as its root, constants are free) and writes `write_bytes`: the
-    library-kernel formula of the module docstring. Used by `search.baseline`."""
+    library-kernel formula of the module docstring, plus ``launch_s`` (default: a lone kernel under jax.jit, or
+    in a CUDA graph with ``cuda_graph``). Used by `search.baseline`."""
     t = get_target(target)
-    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    launch = launch_s if launch_s is not None else launch_charges(t, [True], launch_path(cuda_graph=cuda_graph))[0]
     hbm = sum(_unique_bytes(r) for r in {_root(n) for n in reads}) + write_bytes
     seconds, bound = _finish({"memory": hbm / _bandwidth(t),
                               "compute": max(tc_flops / t.tc_flops, simt_flops / t.simt_flops)},
@@ -516,9 +552,20 @@ def _launches(graph: KernelGraph):
         yield f"%{i} {op.value}", node, False
 
 
-def _kernels(graph: KernelGraph, t: Target, launch: float) -> list[KernelEstimate]:
+def _capturable(bg: BlockGraph, t: Target) -> bool:
+    """Whether XLA can record the custom kernel into a command buffer: mugraph's FFI handler for plans without
+    workspace is declared command-buffer compatible, the one for plans with workspace (split loops) is not."""
+    try:
+        return schedule(bg, t).splits == 1
+    except MugraphError:
+        return True   # it does not fit: _custom_kernel says so
+
+
+def _kernels(graph: KernelGraph, t: Target, how: Launch) -> list[KernelEstimate]:
+    launches = list(_launches(graph))
+    charges = launch_charges(t, [not custom or _capturable(node.arg[0], t) for _, node, custom in launches], how)
     return [_custom_kernel(name, node.arg[0], node.srcs, t, launch) if custom else
-            _library_kernel(name, node, t, launch) for name, node, custom in _launches(graph)]
+            _library_kernel(name, node, t, launch) for (name, node, custom), launch in zip(launches, charges)]
 
 
 def _custom_floor(bg: BlockGraph, srcs, t: Target, launch: float) -> float:
@@ -538,31 +585,35 @@ def _custom_floor(bg: BlockGraph, srcs, t: Target, launch: float) -> float:
 _ESTIMATE_CACHE: "weakref.WeakKeyDictionary[KernelGraph, dict]" = weakref.WeakKeyDictionary()
 
 
-def estimate(graph: KernelGraph, target="h100", *, cuda_graph: bool = False) -> Estimate:
-    """The modelled run time of `graph` on `target` (see the module docstring for the formulas).
+def estimate(graph: KernelGraph, target="h100", *, launch=Launch.JIT, cuda_graph: bool = False) -> Estimate:
+    """The modelled run time of `graph` on `target` (see the module docstring for the formulas), its kernels
+    launched as ``launch`` says (`Launch`: inside jax.jit by default; ``cuda_graph=True`` is `Launch.GRAPH`).
 
     Raises ResourceError if a custom kernel does not fit the target (check `fits` first).
     """
-    t = get_target(target)
+    t, how = get_target(target), launch_path(launch, cuda_graph)
     per_graph = _ESTIMATE_CACHE.setdefault(graph, {})
-    key = (t, cuda_graph)
+    key = (t, how)
     if key not in per_graph:
-        per_graph[key] = _estimate(graph, t, t.graph_launch_s if cuda_graph else t.launch_s)
+        per_graph[key] = _estimate(graph, t, how)
     return per_graph[key]
 
 
-def estimate_floor(graph: KernelGraph, target="h100", *, cuda_graph: bool = False) -> float:
+def estimate_floor(graph: KernelGraph, target="h100", *, launch=Launch.JIT, cuda_graph: bool = False) -> float:
     """A lower bound on `estimate(graph, target).seconds` that needs no launch plan (so no lowering): library
-    kernels as estimated, custom kernels by `_custom_floor`. The search's sizing skips the options whose floor
-    cannot beat the ones it keeps; it holds for graphs that do not fit the target too."""
+    kernels as estimated, custom kernels by `_custom_floor`, every kernel charged as capturable (a split plan's
+    kernel is not, which only raises its charge). The search's sizing skips the options whose floor cannot beat
+    the ones it keeps; it holds for graphs that do not fit the target too."""
     t = get_target(target)
-    launch = t.graph_launch_s if cuda_graph else t.launch_s
-    return sum(_custom_floor(node.arg[0], node.srcs, t, launch) if custom else
-               _library_kernel(name, node, t, launch).seconds for name, node, custom in _launches(graph))
+    launches = list(_launches(graph))
+    charges = launch_charges(t, [True] * len(launches), launch_path(launch, cuda_graph))
+    return sum(_custom_floor(node.arg[0], node.srcs, t, charge) if custom else
+               _library_kernel(name, node, t, charge).seconds
+               for (name, node, custom), charge in zip(launches, charges))
 
 
-def _estimate(graph: KernelGraph, t: Target, launch: float) -> Estimate:
-    ks = tuple(_kernels(graph, t, launch))
+def _estimate(graph: KernelGraph, t: Target, how: Launch) -> Estimate:
+    ks = tuple(_kernels(graph, t, how))
     return Estimate(t.name, sum(k.seconds for k in ks), sum(k.hbm_bytes for k in ks),
                     sum(k.tc_flops for k in ks), sum(k.simt_flops for k in ks), len(ks), ks)
 
@@ -583,10 +634,10 @@ def _does_work(spec: KernelGraph) -> bool:
     return not all(leaf(o) for o in spec.outputs)
 
 
-def roofline(spec: KernelGraph, target="h100", *, cuda_graph: bool = False) -> Roofline:
+def roofline(spec: KernelGraph, target="h100", *, launch=Launch.JIT, cuda_graph: bool = False) -> Roofline:
     """The spec's lower bound: inputs read once and outputs written once at HBM bandwidth vs its
     essential (unpadded) FLOPs, matmuls at the tensor-core peak and the rest at the SIMT peak;
-    one launch. seconds = max(memory, tensor-core, SIMT) + launch."""
+    one launch (a lone kernel on the ``launch`` path). seconds = max(memory, tensor-core, SIMT) + launch."""
     t = get_target(target)
     if not _does_work(spec):   # outputs are inputs or views of them: nothing to launch
         return Roofline(t.name, 0.0, 0, 0, 0, 0.0, 0.0, 0.0)
@@ -595,7 +646,7 @@ def roofline(spec: KernelGraph, target="h100", *, cuda_graph: bool = False) -> R
     tc, simt = _essential_flops(spec)
     memory = hbm / t.hbm_bandwidth
     compute = max(tc / t.tc_flops, simt / t.simt_flops)
-    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    launch = launch_charges(t, [True], launch_path(launch, cuda_graph))[0]
     return Roofline(t.name, max(memory, compute) + launch, hbm, tc, simt, memory, compute,
                     launch)
 
