@@ -9,21 +9,30 @@ Per kernel (each library op is one kernel; transpose/reshape/broadcast fold into
 their consumer and cost nothing; each custom op is one kernel). BW below is the bandwidth
 streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the peak.
 
-* library kernel (vendor-tuned, grid chosen by the library):
+* library kernel (vendor-tuned, grid chosen by the library; GEMMs at the datasheet tensor-core peak):
       t = max(bytes / BW, tc_flops / TC_peak, simt_flops / SIMT_peak) + launch
-* custom kernel, C CTAs (blocks x splits), b resident per SM (threads, shared memory, registers),
-  S SMs, each CTA keeping F = (stages - 1) x stage bytes in flight:
+* custom kernel, C CTAs (blocks x splits), b resident per SM (threads, shared memory, registers: occupancy),
+  S SMs, each CTA keeping F bytes in flight (its pipeline's stages while the loop streams; with nothing to
+  stream, the tiles it loads at once before the loop, one round trip -- never a free full-bandwidth credit):
       waves = ceil(C / (S*b)),  n = ceil(C / S) CTAs on the busiest SM,  util = C / (n*S)
-      in flight = min(C, S*b) x F;  streaming rate = min(BW, in flight / latency), the latency
-      loaded when the bytes in flight could keep HBM busy at it, else idle (Little's law)
-      t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / SM_fill_BW)
-      t_compute = (tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes
+      fill  = min(SM_fill_BW, min(n, b) x F / latency)     one SM's loads (Little's law), the latency loaded
+              when the grid's bytes in flight could keep HBM busy at it, else idle
+      rate  = min(BW, min(C, S) x fill)                    SM coverage: idle SMs pull nothing
+      t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / fill)
+      t_compute = max((tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes, t_issue)
   lanes = min(1, warps one SM holds / its processing blocks): a warp issues on one processing block (its
-  tensor core and FP32 lanes), so an SM with fewer resident warps than blocks leaves some idle
+  tensor core and FP32 lanes), so an SM with fewer resident warps than blocks leaves some idle.
+  t_issue (`loop_issue`): the busiest SM's trips x the clocks of one trip for its resident warps, from one warp's
+  instructions per trip counted from the lowering by class (``codegen.issue``: MMA, MUFU, FP32, integer,
+  shared-memory wavefronts, barriers): the largest of the issue slots (one per clock per processing block,
+  fewer with too few warps to hide latencies), MUFU (16 per clock per SM), FP32 and integer lanes and shared
+  memory (128 bytes per clock), plus the barriers.
       t = max(t_memory, t_compute) + waves * first-load latency + split tail + launch
   split tail (a loop split over s CTAs): the last CTA of each block counts in (one L2 round
-  trip) and reads the s partial states at its SM's fill rate. `bound` names the larger of
+  trip) and reads the s partial states at the SM's L2 fill rate. `bound` names the larger of
   t_memory and t_compute, or "latency" when the latencies and launch outweigh both.
+* launch (`launch_charges`, `Launch`): as jax.jit pays it by default (a C++ launch, or a command-buffer replay for
+  runs of capturable kernels), the same rule for the XLA-like baseline and for mugraph's kernels.
 * HBM bytes of a custom kernel: outputs once; each input's traffic is tile bytes x (forloop if
   the loop walks it) x blocks. A tensor read by many blocks (replicated across a grid axis, or a
   broadcast view) costs its unique bytes when it fits in its share of L2 (inputs ordered by size
@@ -486,18 +495,72 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
     resident = min(s.ctas, slots)
     hbm = _hbm_reads(c, srcs, t, min(c.blocks, slots), waves) + c.write_bytes
     partials = 2 * s.ctas * s.state_bytes          # published, then read by the last CTAs
-    rate = _streaming_rate(resident * s.bytes_in_flight, t)
-    memory = max(hbm / rate, (c.traffic + partials) / t.l2_bandwidth,
-                 busiest * (c.traffic + partials) / s.ctas / t.sm_load_bandwidth)
-    compute = (c.tc_flops / _tc_rate(s, t) + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest)
+    fill, rate = _fill_rates(s, t, min(per_sm, busiest), resident)
+    memory = max(hbm / rate if hbm else 0.0, (c.traffic + partials) / t.l2_bandwidth,
+                 busiest * (c.traffic + partials) / s.ctas / fill)
+    compute = max((c.tc_flops / _tc_rate(s, t) + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest),
+                  loop_issue(bg, s, t, per_sm, busiest).seconds)
     latency = waves * t.hbm_latency_s + _split_tail(s, t)
     body = max(memory, compute)
     seconds = body + latency + launch
     bound = ("memory" if memory >= compute else "compute") if body >= latency + launch else "latency"
-    inflight_sm = min(busiest, per_sm) * s.bytes_in_flight
+    inflight_sm = min(busiest, per_sm) * _cta_in_flight(s)
     return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, s.ctas,
                           per_sm, waves, s.smem_bytes, bound, s.launch_grid, s.splits, s.stages,
                           inflight_sm)
+
+
+# ---- the busiest SM: its loads (fill rate) and its loop's instructions (issue) ----------------------------------
+def _cta_in_flight(s: KernelSchedule) -> int:
+    """Bytes one CTA has requested and not consumed: its pipeline's stages while the loop streams, else the tiles
+    it copies at once before the loop (one round trip: no more in flight than that)."""
+    return s.bytes_in_flight or s.invariant_bytes
+
+
+def _fill_rates(s: KernelSchedule, t: Target, on_sm: int, resident: int) -> tuple[float, float]:
+    """(bytes/s one SM's loads sustain, bytes/s the whole grid streams from HBM). Little's law per SM: the bytes
+    its ``on_sm`` resident CTAs keep in flight over the latency they see (loaded when the grid's bytes in flight
+    could keep HBM busy, else idle), at most its L2 -> SM path; the grid: the SMs it covers at that rate, at most
+    the streaming bandwidth. A kernel that loads nothing is charged its path and the bandwidth."""
+    per_cta = _cta_in_flight(s)
+    if not per_cta:
+        return t.sm_load_bandwidth, _bandwidth(t)
+    latency = t.loaded_latency_s if resident * per_cta >= _bandwidth(t) * t.loaded_latency_s else t.hbm_latency_s
+    fill = min(t.sm_load_bandwidth, on_sm * per_cta / latency)
+    return fill, min(_bandwidth(t), min(s.ctas, t.sm_count) * fill)
+
+
+@dataclass(frozen=True)
+class LoopIssue:
+    """The busiest SM's loop by the unit that limits it (seconds), from the lowering's instructions per trip."""
+
+    issue: float
+    mufu: float
+    fp32: float
+    int: float
+    shared: float
+    barriers: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.issue, self.mufu, self.fp32, self.int, self.shared) + self.barriers
+
+
+def loop_issue(bg: BlockGraph, s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> LoopIssue:
+    """The busiest SM's loop time by instruction class: ``busiest`` CTAs run there, ``min(per_sm, busiest)`` at once
+    (occupancy), each of their warps issuing one trip's instructions as the lowering emits them (``codegen.issue``:
+    counted from the rendered loop, by class) per trip, over the units ``issue.trip_clocks`` shares out.
+    Tensor-core time is the FLOP term of ``_custom_kernel``."""
+    from mugraph.codegen.arch import get_arch
+    from mugraph.codegen.issue import IssueUnits, trip_clocks, trip_ops
+    if s.forloop < 1 or not s.trips:
+        return LoopIssue(0, 0, 0, 0, 0, 0)
+    ops = trip_ops(bg, get_arch(s.arch), s.stages, s.splits, s.path)
+    on_sm = max(1, min(per_sm, busiest))
+    warps = on_sm * max(1, (s.threads - (128 if s.tma else 0)) // 32)
+    clocks = trip_clocks(ops, warps, on_sm, IssueUnits.of(t))
+    rounds = -(-busiest // on_sm) * s.trips / t.clock_hz
+    return LoopIssue(**{k: v * rounds for k, v in clocks.items()})
 
 
 # ---- sm_90a hook (codegen/hopper_model.py): products on wgmma reach the tensor-core peak, not mma.sync's; a TMA
@@ -518,17 +581,8 @@ def _lanes(s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> float:
     return min(1.0, warps / t.sm_subpartitions)
 
 
-def _streaming_rate(in_flight: int, t: Target) -> float:
-    """Little's law: bytes in flight over the latency they see -- the loaded latency when they are enough to
-    keep HBM busy at that latency, else the idle one -- at most the streaming bandwidth."""
-    if not in_flight:
-        return _bandwidth(t)
-    loaded = in_flight >= _bandwidth(t) * t.loaded_latency_s
-    return min(_bandwidth(t), in_flight / (t.loaded_latency_s if loaded else t.hbm_latency_s))
-
-
 def _split_tail(s: KernelSchedule, t: Target) -> float:
-    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial."""
+    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial from L2."""
     if s.splits == 1:
         return 0.0
     return t.hbm_latency_s + s.splits * s.state_bytes / t.sm_load_bandwidth

