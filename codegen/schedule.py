@@ -11,11 +11,14 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
-* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first:
-  the larger of its share of the products (at the mma.sync rate, scaled down when it holds fewer warps than
-  processing blocks), of the bytes it pulls from L2 and of the loop's HBM bytes at the rate its bytes in flight
-  sustain, plus the combine's tail (the hand-over and the last CTA's read of every partial). More CTAs put more
-  SMs to work; more partials lengthen the tail.
+* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first
+  (``split_loop_seconds``): the largest of its share of the products (at the mma.sync rate, scaled down when it
+  holds fewer warps than processing blocks), of its loop's instructions (``issue.trip_clocks`` on one warp's
+  instructions per trip, counted from the one-stage lowering), of the bytes it pulls from L2 at the rate its
+  resident CTAs' bytes in flight sustain (Little's law, at most ``sm_fill_rate``) and of the loop's HBM bytes at
+  the rate the SMs the grid covers pull, plus the combine's tail (the hand-over and the last CTA's read of every
+  partial). More CTAs put more SMs to work; more partials lengthen the tail; an SM given 2 CTAs while others
+  hold 1 finishes last.
 * stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
   at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
   below two).

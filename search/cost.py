@@ -9,8 +9,9 @@ Per kernel (each library op is one kernel; transpose/reshape/broadcast fold into
 their consumer and cost nothing; each custom op is one kernel). BW below is the bandwidth
 streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the peak.
 
-* library kernel (vendor-tuned, grid chosen by the library; GEMMs at the datasheet tensor-core peak):
-      t = max(bytes / BW, tc_flops / TC_peak, simt_flops / SIMT_peak) + launch
+* library kernel (vendor-tuned, grid chosen by the library; GEMMs at the datasheet tensor-core peak), and each
+  kernel of the XLA-like baseline:
+      t = max(bytes / BW, tc_flops / TC_peak, simt_flops / SIMT_peak) + first-load latency (if it reads) + launch
 * custom kernel, C CTAs (blocks x splits), b resident per SM (threads, shared memory, registers: occupancy),
   S SMs, each CTA keeping F bytes in flight (its pipeline's stages while the loop streams; with nothing to
   stream, the tiles it loads at once before the loop, one round trip -- never a free full-bandwidth credit):
@@ -27,7 +28,10 @@ streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the 
   shared-memory wavefronts, barriers): the largest of the issue slots (one per clock per processing block,
   fewer with too few warps to hide latencies), MUFU (16 per clock per SM), FP32 and integer lanes and shared
   memory (128 bytes per clock), plus the barriers.
-      t = max(t_memory, t_compute) + waves * first-load latency + split tail + launch
+      t = max(t_memory', t_compute + first) + split tail + launch,   first = waves * first-load latency,
+  t_memory' = t_memory + first when the grid streams at BW (the pipeline fills first), else
+  max(t_memory, first + hbm_bytes / BW) (Little's law already spends one round trip per F bytes, the first
+  included: no second charge for it, but never faster than a library kernel moving the same bytes)
   split tail (a loop split over s CTAs): the last CTA of each block counts in (one L2 round
   trip) and reads the s partial states at the SM's L2 fill rate. `bound` names the larger of
   t_memory and t_compute, or "latency" when the latencies and launch outweigh both.
@@ -432,8 +436,7 @@ def _library_kernel(name: str, node: KNode, t: Target, launch: float) -> KernelE
     reads = sum(_unique_bytes(r) for r in {_root(s) for s in node.srcs})
     hbm = reads + _tensor_bytes(node)
     tc, simt = kernel_node_flops(node)
-    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
-                              "compute": max(tc / t.tc_flops, simt / t.simt_flops)}, launch)
+    seconds, bound = _vendor(reads, hbm, tc, simt, t, launch)
     kind = "copy" if node.op in KERNEL_LAYOUT else "library"
     return KernelEstimate(name, kind, seconds, hbm, tc, simt, 0, 0, 0, 0, bound)
 
@@ -446,11 +449,18 @@ def fused_kernel(name: str, reads, write_bytes: int, tc_flops: int, simt_flops: 
     in a CUDA graph with ``cuda_graph``). Used by `search.baseline`."""
     t = get_target(target)
     launch = launch_s if launch_s is not None else launch_charges(t, [True], launch_path(cuda_graph=cuda_graph))[0]
-    hbm = sum(_unique_bytes(r) for r in {_root(n) for n in reads}) + write_bytes
-    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
-                              "compute": max(tc_flops / t.tc_flops, simt_flops / t.simt_flops)},
-                             launch)
-    return KernelEstimate(name, "library", seconds, hbm, tc_flops, simt_flops, 0, 0, 0, 0, bound)
+    read = sum(_unique_bytes(r) for r in {_root(n) for n in reads})
+    seconds, bound = _vendor(read, read + write_bytes, tc_flops, simt_flops, t, launch)
+    return KernelEstimate(name, "library", seconds, read + write_bytes, tc_flops, simt_flops, 0, 0, 0, 0, bound)
+
+
+def _vendor(read: int, hbm: int, tc: int, simt: int, t: Target, launch: float) -> tuple[float, str]:
+    """A library kernel's or XLA fusion's time: its bytes at BW or its FLOPs at the peaks, after its first load
+    (one HBM round trip, charged as a custom kernel's is, where it reads anything), plus its launch."""
+    first = t.hbm_latency_s if read else 0.0
+    body = {"memory": hbm / _bandwidth(t), "compute": max(tc / t.tc_flops, simt / t.simt_flops)}
+    seconds, bound = _finish(body, first + launch)
+    return seconds, bound
 
 
 def _distinct_tiles(mapped, grid, concurrent: int) -> int:
@@ -500,10 +510,15 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
                  busiest * (c.traffic + partials) / s.ctas / fill)
     compute = max((c.tc_flops / _tc_rate(s, t) + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest),
                   loop_issue(bg, s, t, per_sm, busiest).seconds)
-    latency = waves * t.hbm_latency_s + _split_tail(s, t)
-    body = max(memory, compute)
-    seconds = body + latency + launch
-    bound = ("memory" if memory >= compute else "compute") if body >= latency + launch else "latency"
+    first = waves * t.hbm_latency_s                # each wave's first load, before its loop can start
+    if rate >= _bandwidth(t):                      # streaming at the bandwidth: the pipeline fills first
+        memory += first
+    else:   # below it, Little's law spends a round trip per F bytes, the first included; never less than the
+        memory = max(memory, first + hbm / _bandwidth(t))   # first load and the bytes at the bandwidth
+    body = max(memory, compute + first)
+    seconds = body + _split_tail(s, t) + launch
+    bound = ("memory" if memory >= compute + first else "compute") if max(memory, compute) >= first + launch \
+        else "latency"
     inflight_sm = min(busiest, per_sm) * _cta_in_flight(s)
     return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, s.ctas,
                           per_sm, waves, s.smem_bytes, bound, s.launch_grid, s.splits, s.stages,
@@ -625,14 +640,15 @@ def _kernels(graph: KernelGraph, t: Target, how: Launch) -> list[KernelEstimate]
 def _custom_floor(bg: BlockGraph, srcs, t: Target, launch: float) -> float:
     """At most `_custom_kernel`'s seconds for `bg` whatever its schedule, computed without one: each input's HBM
     bytes at least the smaller of its traffic and its unique bytes, no partial states, the streaming rate at most
-    BW, the busiest SM at least an even share, utilisation and lanes at most 1, one wave, no split tail. Each
+    BW with no first load (a rate below BW spends it inside the memory term), the busiest SM at least an even
+    share, utilisation and lanes at most 1, one wave before the products, no split tail. Each
     term is the formula's with an operand moved the way that cannot raise it, and IEEE operations are monotone,
     so the bound holds as computed, not only in exact arithmetic."""
     c = block_cost(bg)
     hbm = sum(min(r.traffic, _unique_bytes(s)) for r, s in zip(c.reads, srcs)) + c.write_bytes
     memory = max(hbm / _bandwidth(t), c.traffic / t.l2_bandwidth, c.traffic / t.sm_count / t.sm_load_bandwidth)
     compute = c.tc_flops / _tc_peak(t) + c.simt_flops / t.simt_flops
-    return max(memory, compute) + t.hbm_latency_s + launch
+    return max(memory, compute + t.hbm_latency_s) + launch
 
 
 # ---- the public entry points ---------------------------------------------------------------------
