@@ -106,8 +106,10 @@ def test_each_kernel_is_costed_by_the_cost_model_formula():
 
 @pytest.mark.parametrize("name", workloads.names())
 def test_the_xla_like_baseline_is_never_slower_than_the_unfused_program(name):
+    from mugraph.search.cost import Launch
     spec = workloads.get(name).spec()
-    xla, unfused = xla_estimate(spec), estimate(spec)
+    # the same charge per kernel on both sides (jax.jit's command-buffer threshold can favour more kernels)
+    xla, unfused = xla_estimate(spec, launch=Launch.GRAPH), estimate(spec, launch=Launch.GRAPH)
     assert xla.launches <= unfused.launches and xla.seconds <= unfused.seconds * (1 + 1e-9)
 
 
