@@ -137,7 +137,8 @@ def format_model(rows: list[ModelRow]) -> str:
 
 MODEL_NOTE = ("model: the cost model's time with the launches jax.jit pays (from C++, 1 µs per kernel; runs of 5+ "
               "capturable kernels replayed as a command buffer, 0.5 µs each: lead's estimates, XLA's defaults cited "
-              "in codegen/calibration.json); roofline: the spec's bytes at peak HBM bandwidth or its FLOPs at the "
+              "in codegen/calibration.json), every kernel (custom, library or XLA fusion) after one first load from HBM; "
+              "roofline: the spec's bytes at peak HBM bandwidth or its FLOPs at the "
               "tensor-core peak, plus one launch on the same path; CTAs: the largest custom launch (blocks x "
               "splits); KB/SM: bytes in flight per SM while the busiest kernel streams; vs XLA: the XLA-like "
               "baseline (search/baseline.py) over the model, both launched as jax.jit launches them (the headline); "
