@@ -12,7 +12,7 @@ import time
 
 from mugraph import workloads
 from mugraph.search.baseline import xla_estimate
-from mugraph.search.cost import estimate
+from mugraph.search.cost import Launch, estimate
 from mugraph.verify import float_diff
 from mugraph.verify.float_diff import clear_cache
 
@@ -22,16 +22,19 @@ def _us(seconds: float) -> str:
 
 
 def baselines(names, target: str) -> None:
-    print(f"== estimates on {target} (µs; launches in brackets) ==")
+    print(f"== estimates on {target} (µs; launches in brackets), launched as jax.jit launches them; "
+          f"last column: the speedup with eager Python launches (4 µs each), a second figure ==")
     print(f"{'workload':16} {'unfused':>14} {'XLA-like':>14} {'fused ref':>10} "
-          f"{'vs XLA-like':>11} {'vs unfused':>10}")
+          f"{'vs XLA-like':>11} {'vs unfused':>10} {'eager vs XLA-like':>17}")
     for name in names:
         w = workloads.get(name)
         spec, ref = w.spec(), w.reference()
         unfused, xla, fused = estimate(spec, target), xla_estimate(spec, target), estimate(ref, target)
+        eager = xla_estimate(spec, target, launch=Launch.EAGER).seconds / \
+            estimate(ref, target, launch=Launch.EAGER).seconds
         print(f"{name:16} {_us(unfused.seconds)} [{unfused.launches:2}] {_us(xla.seconds)} "
               f"[{xla.launches:2}] {_us(fused.seconds)}   {xla.seconds / fused.seconds:9.2f}x "
-              f"{unfused.seconds / fused.seconds:9.2f}x")
+              f"{unfused.seconds / fused.seconds:9.2f}x {eager:16.2f}x")
 
 
 def float_cases(names, seed: int) -> None:

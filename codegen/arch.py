@@ -14,6 +14,7 @@ from typing import Mapping
 
 from mugraph.codegen import calibration
 from mugraph.codegen.compile import TARGETS
+from mugraph.codegen.issue import IssueUnits
 from mugraph.ir.errors import InvalidInput
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024  # above this a launcher must raise the kernel's max-dynamic-smem attribute
@@ -30,6 +31,7 @@ class ArchSpec:
     sm_count: int = 1        # multiprocessors of the sizing GPU
     smem_per_sm: int = 0     # shared memory of one multiprocessor (bytes)
     threads_per_sm: int = 2048  # resident threads of one multiprocessor
+    regs_per_sm: int = 65536  # 32-bit registers of one multiprocessor
     inflight_per_sm: int = 0  # bytes an SM keeps in flight to stream HBM at full rate (bandwidth x latency)
     hbm_rate: float = 0.0    # bytes/s streaming kernels reach (peak x efficiency)
     sm_fill_rate: float = 0.0  # bytes/s one SM pulls from L2
@@ -45,6 +47,7 @@ class ArchSpec:
     wgmma: bool = False      # wgmma.mma_async from shared-memory descriptors (sm_90a only)
     wgmma_rate: float = 0.0  # tensor-core FLOP/s of one SM with wgmma
     clock_hz: float = 1.0    # the sizing GPU's boost clock (instruction issue per second)
+    issue: IssueUnits | None = None  # the sizing GPU's issue resources (lanes per unit, barrier cost)
 
 
 # What an arch adds to the logic every arch runs (the "a" of sm_90a: instructions that exist on sm_90a only).
@@ -57,10 +60,12 @@ def _spec(name: str, limit: int, threads: int) -> ArchSpec:
     return ArchSpec(name, smem_limit=limit, max_threads=threads, sm_count=int(c["sm_count"]),
                     wgmma_rate=c["tc_flops"] / c["sm_count"], clock_hz=c["clock_hz"], **FEATURES.get(name, {}),
                     smem_per_sm=int(c["smem_per_sm"]), threads_per_sm=int(c["max_threads_per_sm"]),
+                    regs_per_sm=int(c["regs_per_sm"]),
                     inflight_per_sm=int(inflight),
                     hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"],
                     mma_rate=c["mma_sync_flops"] / c["sm_count"], handoff_s=c["hbm_latency_s"],
-                    latency_s=c["loaded_latency_s"], subpartitions=int(c["sm_subpartitions"]))
+                    latency_s=c["loaded_latency_s"], subpartitions=int(c["sm_subpartitions"]),
+                    issue=IssueUnits.of(c))
 
 
 ARCHS: Mapping[str, ArchSpec] = MappingProxyType({

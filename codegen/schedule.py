@@ -11,11 +11,14 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
-* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first:
-  the larger of its share of the products (at the mma.sync rate, scaled down when it holds fewer warps than
-  processing blocks), of the bytes it pulls from L2 and of the loop's HBM bytes at the rate its bytes in flight
-  sustain, plus the combine's tail (the hand-over and the last CTA's read of every partial). More CTAs put more
-  SMs to work; more partials lengthen the tail.
+* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first
+  (``split_loop_seconds``): the largest of its share of the products (at the mma.sync rate, scaled down when it
+  holds fewer warps than processing blocks), of its loop's instructions (``issue.trip_clocks`` on one warp's
+  instructions per trip, counted from the one-stage lowering), of the bytes it pulls from L2 at the rate its
+  resident CTAs' bytes in flight sustain (Little's law, at most ``sm_fill_rate``) and of the loop's HBM bytes at
+  the rate the SMs the grid covers pull, plus the combine's tail (the hand-over and the last CTA's read of every
+  partial). More CTAs put more SMs to work; more partials lengthen the tail; an SM given 2 CTAs while others
+  hold 1 finishes last.
 * stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
   at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
   below two).
@@ -148,7 +151,8 @@ def plan_path(bg: BlockGraph, arch: ArchSpec, measure, path: str) -> KernelSched
     invariant = sum(b.nbytes for b in ir.buffers.values() if b.role == "tile" and b.name not in ir.staged_inputs)
     state = state_of(bg, arch, ir) if arch.split_loops else 0
     splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes,
-                           trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32)
+                           trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32, _trip_ops(bg, ir, plan, state),
+                           _room(arch, ir.block_threads, _registers(ir)))
     stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
     stages, smem, state, regs = figures_at(bg, arch, ir, plan, stages, splits)
     s = KernelSchedule(arch.name, bg.grid, ir.block_threads, bg.forloop, splits, stages, stage_bytes, invariant,
@@ -158,6 +162,21 @@ def plan_path(bg: BlockGraph, arch: ArchSpec, measure, path: str) -> KernelSched
         from mugraph.codegen.hopper_pipeline import consumer_regs
         s = replace(s, regs=max(regs, consumer_regs(bg.threads, s.min_blocks)))
     return s
+
+
+def _room(arch: ArchSpec, threads: int, regs: int) -> int:
+    """CTAs of ``threads`` threads with ``regs`` registers each that one SM's threads and registers hold (registers
+    are allocated per warp in units of 256)."""
+    warp_regs = ceil_div(regs * 32, 256) * 256
+    return max(1, min(arch.threads_per_sm // threads, arch.regs_per_sm // (warp_regs * max(1, threads // 32))))
+
+
+def _trip_ops(bg: BlockGraph, ir, plan, state: int):
+    """One warp's instructions per trip of the one-stage lowering (only where a split is weighed)."""
+    if not state or bg.forloop < 2 or not trip_flops(bg):
+        return None
+    from mugraph.codegen.issue import ir_trip_ops
+    return ir_trip_ops(ir, plan)
 
 
 def _derived_state(bg: BlockGraph, arch: ArchSpec, one) -> int:
@@ -237,10 +256,11 @@ def _loop_hbm_bytes(bg: BlockGraph) -> int:
 
 
 def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
-                  smem_one: int, flops: int = 0, hbm_bytes: int = 0, warps: int = 4) -> int:
+                  smem_one: int, flops: int = 0, hbm_bytes: int = 0, warps: int = 4, ops=None, room: int = 0) -> int:
     """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage;
     ``flops``: the tensor-core FLOPs of one block's loop trip; ``hbm_bytes``: what the loop brings from HBM;
-    ``warps``: per CTA."""
+    ``warps``: per CTA; ``ops``: one warp's instructions per trip (``issue.TripOps``, from the lowering);
+    ``room``: the CTAs an SM's threads and registers hold (0: no limit beyond shared memory)."""
     if not arch.split_loops or forloop < 2 or not state_bytes or not stage_bytes:
         return 1
     fits = [d for d in range(1, forloop + 1) if forloop % d == 0 and
@@ -248,15 +268,31 @@ def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, s
     streaming = _streaming_splits(blocks, forloop, arch, state_bytes, stage_bytes, smem_one, fits)
     if not flops or not arch.mma_rate:
         return streaming
-
-    def busy(d):  # the busiest SM's loop (its products, its bytes), HBM as a whole, then the combine's tail
-        per_sm, trips = ceil_div(blocks * d, arch.sm_count), forloop // d
-        rate = min(arch.hbm_rate, _in_flight(blocks * d, trips, arch, stage_bytes, smem_one) / arch.latency_s)
-        mma = arch.mma_rate * min(1.0, per_sm * warps / arch.subpartitions)  # a warp keeps one tensor core busy
-        loop = max(per_sm * flops * trips / mma, per_sm * trips * stage_bytes / arch.sm_fill_rate,
-                   hbm_bytes / rate)
-        return loop + (d > 1) * (arch.handoff_s + d * state_bytes / arch.sm_fill_rate)
+    busy = lambda d: split_loop_seconds(d, blocks, forloop, arch, state_bytes, stage_bytes, smem_one, flops,  # noqa
+                                        hbm_bytes, warps, ops, room)
     return min([d for d in fits if d >= streaming] or [streaming], key=lambda d: (busy(d), d))
+
+
+def split_loop_seconds(d: int, blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
+                       smem_one: int, flops: int, hbm_bytes: int, warps: int, ops=None, room: int = 0) -> float:
+    """The busiest SM's loop with each block's loop split over ``d`` CTAs, then the combine's tail: the largest of
+    its products, its instructions (``issue.trip_clocks``), its L2 -> SM fill at the rate its resident CTAs' bytes
+    in flight sustain (Little's law, at most ``sm_fill_rate``) and HBM at the rate the SMs the grid covers pull."""
+    from mugraph.codegen.issue import trip_clocks, trip_seconds
+    ctas, trips = blocks * d, forloop // d
+    per_sm = ceil_div(ctas, arch.sm_count)
+    stages = _deepest(ctas, trips, arch, stage_bytes, smem_one, arch.max_stages)
+    by_smem = max(1, (arch.smem_per_sm - 1024) // max(1, smem_one + (stages - 1) * stage_bytes + 1024))
+    resident = min(per_sm, by_smem, room or by_smem)
+    fill = min(arch.sm_fill_rate, resident * max(1, stages - 1) * stage_bytes / arch.latency_s)
+    rate = min(arch.hbm_rate, min(ctas, arch.sm_count) * fill)
+    mma = arch.mma_rate * min(1.0, resident * warps / arch.subpartitions)  # a warp keeps one tensor core busy
+    issue = 0.0
+    if ops is not None and arch.issue is not None:
+        clocks = trip_clocks(ops, resident * warps, resident, arch.issue)
+        issue = ceil_div(per_sm, resident) * trips * trip_seconds(clocks, arch.clock_hz)
+    loop = max(per_sm * flops * trips / mma, per_sm * trips * stage_bytes / fill, hbm_bytes / rate, issue)
+    return loop + (d > 1) * (arch.handoff_s + d * state_bytes / arch.sm_fill_rate)  # the combine's loads: L2
 
 
 def _streaming_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,

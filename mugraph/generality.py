@@ -478,7 +478,8 @@ class Outcome:
 
     @property
     def beats_xla(self) -> bool:
-        return self.speedup is not None and self.speedup > 1.0
+        """Faster than the baseline by more than rounding: equal estimates summed in another order are a tie."""
+        return self.speedup is not None and self.speedup > 1.0 + 1e-9
 
     def to_dict(self) -> dict:
         row = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("spec", "winner")}

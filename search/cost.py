@@ -9,21 +9,34 @@ Per kernel (each library op is one kernel; transpose/reshape/broadcast fold into
 their consumer and cost nothing; each custom op is one kernel). BW below is the bandwidth
 streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the peak.
 
-* library kernel (vendor-tuned, grid chosen by the library):
-      t = max(bytes / BW, tc_flops / TC_peak, simt_flops / SIMT_peak) + launch
-* custom kernel, C CTAs (blocks x splits), b resident per SM (threads, shared memory, registers),
-  S SMs, each CTA keeping F = (stages - 1) x stage bytes in flight:
+* library kernel (vendor-tuned, grid chosen by the library; GEMMs at the datasheet tensor-core peak), and each
+  kernel of the XLA-like baseline:
+      t = max(bytes / BW, tc_flops / TC_peak, simt_flops / SIMT_peak) + first-load latency (if it reads) + launch
+* custom kernel, C CTAs (blocks x splits), b resident per SM (threads, shared memory, registers: occupancy),
+  S SMs, each CTA keeping F bytes in flight (its pipeline's stages while the loop streams; with nothing to
+  stream, the tiles it loads at once before the loop, one round trip -- never a free full-bandwidth credit):
       waves = ceil(C / (S*b)),  n = ceil(C / S) CTAs on the busiest SM,  util = C / (n*S)
-      in flight = min(C, S*b) x F;  streaming rate = min(BW, in flight / latency), the latency
-      loaded when the bytes in flight could keep HBM busy at it, else idle (Little's law)
-      t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / SM_fill_BW)
-      t_compute = (tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes
+      fill  = min(SM_fill_BW, min(n, b) x F / latency)     one SM's loads (Little's law), the latency loaded
+              when the grid's bytes in flight could keep HBM busy at it, else idle
+      rate  = min(BW, min(C, S) x fill)                    SM coverage: idle SMs pull nothing
+      t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / fill)
+      t_compute = max((tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes, t_issue)
   lanes = min(1, warps one SM holds / its processing blocks): a warp issues on one processing block (its
-  tensor core and FP32 lanes), so an SM with fewer resident warps than blocks leaves some idle
-      t = max(t_memory, t_compute) + waves * first-load latency + split tail + launch
+  tensor core and FP32 lanes), so an SM with fewer resident warps than blocks leaves some idle.
+  t_issue (`loop_issue`): the busiest SM's trips x the clocks of one trip for its resident warps, from one warp's
+  instructions per trip counted from the lowering by class (``codegen.issue``: MMA, MUFU, FP32, integer,
+  shared-memory wavefronts, barriers): the largest of the issue slots (one per clock per processing block,
+  fewer with too few warps to hide latencies), MUFU (16 per clock per SM), FP32 and integer lanes and shared
+  memory (128 bytes per clock), plus the barriers.
+      t = max(t_memory', t_compute + first) + split tail + launch,   first = waves * first-load latency,
+  t_memory' = t_memory + first when the grid streams at BW (the pipeline fills first), else
+  max(t_memory, first + hbm_bytes / BW) (Little's law already spends one round trip per F bytes, the first
+  included: no second charge for it, but never faster than a library kernel moving the same bytes)
   split tail (a loop split over s CTAs): the last CTA of each block counts in (one L2 round
-  trip) and reads the s partial states at its SM's fill rate. `bound` names the larger of
+  trip) and reads the s partial states at the SM's L2 fill rate. `bound` names the larger of
   t_memory and t_compute, or "latency" when the latencies and launch outweigh both.
+* launch (`launch_charges`, `Launch`): as jax.jit pays it by default (a C++ launch, or a command-buffer replay for
+  runs of capturable kernels), the same rule for the XLA-like baseline and for mugraph's kernels.
 * HBM bytes of a custom kernel: outputs once; each input's traffic is tile bytes x (forloop if
   the loop walks it) x blocks. A tensor read by many blocks (replicated across a grid axis, or a
   broadcast view) costs its unique bytes when it fits in its share of L2 (inputs ordered by size
@@ -162,6 +175,41 @@ class Misfit(Enum):
     SHARED_MEMORY = "shared_memory"
     REGISTERS = "registers"
     CODEGEN = "codegen"      # the code generator has no rule for it
+
+
+class Launch(Enum):
+    """How a program's kernels are launched; each kernel is charged by `launch_charges`."""
+
+    JIT = "jit"       # inside one jax.jit program: the headline path (mugraph's kernels and the baseline alike)
+    EAGER = "eager"   # one Python call per kernel (CuPy): the secondary figure
+    GRAPH = "graph"   # the whole plan captured as one CUDA graph (bench/gpu.py's replay)
+
+
+def launch_path(launch=Launch.JIT, cuda_graph: bool = False) -> Launch:
+    """A `Launch` from itself or its name; ``cuda_graph=True`` (the older spelling) is `Launch.GRAPH`."""
+    return Launch.GRAPH if cuda_graph else Launch(launch)
+
+
+def launch_charges(target, capturable, launch=Launch.JIT) -> list[float]:
+    """Seconds charged to launch each kernel of a program, in launch order; ``capturable[i]``: whether XLA can
+    record kernel i into a command buffer (fusions, library GEMMs, FFI handlers declared command-buffer
+    compatible). Under jax.jit a run of at least ``command_buffer_min_kernels`` capturable kernels is replayed as
+    one command buffer (``graph_launch_s`` each); every other kernel is launched from C++ (``jit_launch_s``).
+    Eager: ``launch_s`` each; a CUDA graph: ``graph_launch_s`` each. Sources: codegen/calibration.json."""
+    t, how, capturable = get_target(target), Launch(launch), list(capturable)
+    if how is Launch.EAGER:
+        return [t.launch_s] * len(capturable)
+    if how is Launch.GRAPH:
+        return [t.graph_launch_s] * len(capturable)
+    charges, i = [], 0
+    while i < len(capturable):
+        j = i
+        while j < len(capturable) and capturable[j] == capturable[i]:
+            j += 1
+        recorded = capturable[i] and j - i >= t.command_buffer_min_kernels
+        charges += [t.graph_launch_s if recorded else t.jit_launch_s] * (j - i)
+        i = j
+    return charges
 
 
 # ---- FLOP counting ------------------------------------------------------------------------------
@@ -388,24 +436,31 @@ def _library_kernel(name: str, node: KNode, t: Target, launch: float) -> KernelE
     reads = sum(_unique_bytes(r) for r in {_root(s) for s in node.srcs})
     hbm = reads + _tensor_bytes(node)
     tc, simt = kernel_node_flops(node)
-    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
-                              "compute": max(tc / t.tc_flops, simt / t.simt_flops)}, launch)
+    seconds, bound = _vendor(reads, hbm, tc, simt, t, launch)
     kind = "copy" if node.op in KERNEL_LAYOUT else "library"
     return KernelEstimate(name, kind, seconds, hbm, tc, simt, 0, 0, 0, 0, bound)
 
 
 def fused_kernel(name: str, reads, write_bytes: int, tc_flops: int, simt_flops: int,
-                 target="h100", *, cuda_graph: bool = False) -> KernelEstimate:
+                 target="h100", *, launch_s: float | None = None, cuda_graph: bool = False) -> KernelEstimate:
     """One vendor-style kernel (a library call, an XLA fusion) that reads the tensors `reads` once
     each (a layout view counts as its root, constants are free) and writes `write_bytes`: the
-    library-kernel formula of the module docstring. Used by `search.baseline`."""
+    library-kernel formula of the module docstring, plus ``launch_s`` (default: a lone kernel under jax.jit, or
+    in a CUDA graph with ``cuda_graph``). Used by `search.baseline`."""
     t = get_target(target)
-    launch = t.graph_launch_s if cuda_graph else t.launch_s
-    hbm = sum(_unique_bytes(r) for r in {_root(n) for n in reads}) + write_bytes
-    seconds, bound = _finish({"memory": hbm / _bandwidth(t),
-                              "compute": max(tc_flops / t.tc_flops, simt_flops / t.simt_flops)},
-                             launch)
-    return KernelEstimate(name, "library", seconds, hbm, tc_flops, simt_flops, 0, 0, 0, 0, bound)
+    launch = launch_s if launch_s is not None else launch_charges(t, [True], launch_path(cuda_graph=cuda_graph))[0]
+    read = sum(_unique_bytes(r) for r in {_root(n) for n in reads})
+    seconds, bound = _vendor(read, read + write_bytes, tc_flops, simt_flops, t, launch)
+    return KernelEstimate(name, "library", seconds, read + write_bytes, tc_flops, simt_flops, 0, 0, 0, 0, bound)
+
+
+def _vendor(read: int, hbm: int, tc: int, simt: int, t: Target, launch: float) -> tuple[float, str]:
+    """A library kernel's or XLA fusion's time: its bytes at BW or its FLOPs at the peaks, after its first load
+    (one HBM round trip, charged as a custom kernel's is, where it reads anything), plus its launch."""
+    first = t.hbm_latency_s if read else 0.0
+    body = {"memory": hbm / _bandwidth(t), "compute": max(tc / t.tc_flops, simt / t.simt_flops)}
+    seconds, bound = _finish(body, first + launch)
+    return seconds, bound
 
 
 def _distinct_tiles(mapped, grid, concurrent: int) -> int:
@@ -450,18 +505,77 @@ def _custom_kernel(name: str, bg: BlockGraph, srcs, t: Target, launch: float) ->
     resident = min(s.ctas, slots)
     hbm = _hbm_reads(c, srcs, t, min(c.blocks, slots), waves) + c.write_bytes
     partials = 2 * s.ctas * s.state_bytes          # published, then read by the last CTAs
-    rate = _streaming_rate(resident * s.bytes_in_flight, t)
-    memory = max(hbm / rate, (c.traffic + partials) / t.l2_bandwidth,
-                 busiest * (c.traffic + partials) / s.ctas / t.sm_load_bandwidth)
-    compute = (c.tc_flops / _tc_rate(s, t) + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest)
-    latency = waves * t.hbm_latency_s + _split_tail(s, t)
-    body = max(memory, compute)
-    seconds = body + latency + launch
-    bound = ("memory" if memory >= compute else "compute") if body >= latency + launch else "latency"
-    inflight_sm = min(busiest, per_sm) * s.bytes_in_flight
+    fill, rate = _fill_rates(s, t, min(per_sm, busiest), resident)
+    memory = max(hbm / rate if hbm else 0.0, (c.traffic + partials) / t.l2_bandwidth,
+                 busiest * (c.traffic + partials) / s.ctas / fill)
+    compute = max((c.tc_flops / _tc_rate(s, t) + c.simt_flops / t.simt_flops) / util / _lanes(s, t, per_sm, busiest),
+                  loop_issue(bg, s, t, per_sm, busiest).seconds)
+    first = waves * t.hbm_latency_s                # each wave's first load, before its loop can start
+    if rate >= _bandwidth(t):                      # streaming at the bandwidth: the pipeline fills first
+        memory += first
+    else:   # below it, Little's law spends a round trip per F bytes, the first included; never less than the
+        memory = max(memory, first + hbm / _bandwidth(t))   # first load and the bytes at the bandwidth
+    body = max(memory, compute + first)
+    seconds = body + _split_tail(s, t) + launch
+    bound = ("memory" if memory >= compute + first else "compute") if max(memory, compute) >= first + launch \
+        else "latency"
+    inflight_sm = min(busiest, per_sm) * _cta_in_flight(s)
     return KernelEstimate(name, "custom", seconds, hbm, c.tc_flops, c.simt_flops, s.ctas,
                           per_sm, waves, s.smem_bytes, bound, s.launch_grid, s.splits, s.stages,
                           inflight_sm)
+
+
+# ---- the busiest SM: its loads (fill rate) and its loop's instructions (issue) ----------------------------------
+def _cta_in_flight(s: KernelSchedule) -> int:
+    """Bytes one CTA has requested and not consumed: its pipeline's stages while the loop streams, else the tiles
+    it copies at once before the loop (one round trip: no more in flight than that)."""
+    return s.bytes_in_flight or s.invariant_bytes
+
+
+def _fill_rates(s: KernelSchedule, t: Target, on_sm: int, resident: int) -> tuple[float, float]:
+    """(bytes/s one SM's loads sustain, bytes/s the whole grid streams from HBM). Little's law per SM: the bytes
+    its ``on_sm`` resident CTAs keep in flight over the latency they see (loaded when the grid's bytes in flight
+    could keep HBM busy, else idle), at most its L2 -> SM path; the grid: the SMs it covers at that rate, at most
+    the streaming bandwidth. A kernel that loads nothing is charged its path and the bandwidth."""
+    per_cta = _cta_in_flight(s)
+    if not per_cta:
+        return t.sm_load_bandwidth, _bandwidth(t)
+    latency = t.loaded_latency_s if resident * per_cta >= _bandwidth(t) * t.loaded_latency_s else t.hbm_latency_s
+    fill = min(t.sm_load_bandwidth, on_sm * per_cta / latency)
+    return fill, min(_bandwidth(t), min(s.ctas, t.sm_count) * fill)
+
+
+@dataclass(frozen=True)
+class LoopIssue:
+    """The busiest SM's loop by the unit that limits it (seconds), from the lowering's instructions per trip."""
+
+    issue: float
+    mufu: float
+    fp32: float
+    int: float
+    shared: float
+    barriers: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.issue, self.mufu, self.fp32, self.int, self.shared) + self.barriers
+
+
+def loop_issue(bg: BlockGraph, s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> LoopIssue:
+    """The busiest SM's loop time by instruction class: ``busiest`` CTAs run there, ``min(per_sm, busiest)`` at once
+    (occupancy), each of their warps issuing one trip's instructions as the lowering emits them (``codegen.issue``:
+    counted from the rendered loop, by class) per trip, over the units ``issue.trip_clocks`` shares out.
+    Tensor-core time is the FLOP term of ``_custom_kernel``."""
+    from mugraph.codegen.arch import get_arch
+    from mugraph.codegen.issue import IssueUnits, trip_clocks, trip_ops
+    if s.forloop < 1 or not s.trips:
+        return LoopIssue(0, 0, 0, 0, 0, 0)
+    ops = trip_ops(bg, get_arch(s.arch), s.stages, s.splits, s.path)
+    on_sm = max(1, min(per_sm, busiest))
+    warps = on_sm * max(1, (s.threads - (128 if s.tma else 0)) // 32)
+    clocks = trip_clocks(ops, warps, on_sm, IssueUnits.of(t))
+    rounds = -(-busiest // on_sm) * s.trips / t.clock_hz
+    return LoopIssue(**{k: v * rounds for k, v in clocks.items()})
 
 
 # ---- sm_90a hook (codegen/hopper_model.py): products on wgmma reach the tensor-core peak, not mma.sync's; a TMA
@@ -482,17 +596,8 @@ def _lanes(s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> float:
     return min(1.0, warps / t.sm_subpartitions)
 
 
-def _streaming_rate(in_flight: int, t: Target) -> float:
-    """Little's law: bytes in flight over the latency they see -- the loaded latency when they are enough to
-    keep HBM busy at that latency, else the idle one -- at most the streaming bandwidth."""
-    if not in_flight:
-        return _bandwidth(t)
-    loaded = in_flight >= _bandwidth(t) * t.loaded_latency_s
-    return min(_bandwidth(t), in_flight / (t.loaded_latency_s if loaded else t.hbm_latency_s))
-
-
 def _split_tail(s: KernelSchedule, t: Target) -> float:
-    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial."""
+    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial from L2."""
     if s.splits == 1:
         return 0.0
     return t.hbm_latency_s + s.splits * s.state_bytes / t.sm_load_bandwidth
@@ -516,53 +621,69 @@ def _launches(graph: KernelGraph):
         yield f"%{i} {op.value}", node, False
 
 
-def _kernels(graph: KernelGraph, t: Target, launch: float) -> list[KernelEstimate]:
+def _capturable(bg: BlockGraph, t: Target) -> bool:
+    """Whether XLA can record the custom kernel into a command buffer: mugraph's FFI handler for plans without
+    workspace is declared command-buffer compatible, the one for plans with workspace (split loops) is not."""
+    try:
+        return schedule(bg, t).splits == 1
+    except MugraphError:
+        return True   # it does not fit: _custom_kernel says so
+
+
+def _kernels(graph: KernelGraph, t: Target, how: Launch) -> list[KernelEstimate]:
+    launches = list(_launches(graph))
+    charges = launch_charges(t, [not custom or _capturable(node.arg[0], t) for _, node, custom in launches], how)
     return [_custom_kernel(name, node.arg[0], node.srcs, t, launch) if custom else
-            _library_kernel(name, node, t, launch) for name, node, custom in _launches(graph)]
+            _library_kernel(name, node, t, launch) for (name, node, custom), launch in zip(launches, charges)]
 
 
 def _custom_floor(bg: BlockGraph, srcs, t: Target, launch: float) -> float:
     """At most `_custom_kernel`'s seconds for `bg` whatever its schedule, computed without one: each input's HBM
     bytes at least the smaller of its traffic and its unique bytes, no partial states, the streaming rate at most
-    BW, the busiest SM at least an even share, utilisation and lanes at most 1, one wave, no split tail. Each
+    BW with no first load (a rate below BW spends it inside the memory term), the busiest SM at least an even
+    share, utilisation and lanes at most 1, one wave before the products, no split tail. Each
     term is the formula's with an operand moved the way that cannot raise it, and IEEE operations are monotone,
     so the bound holds as computed, not only in exact arithmetic."""
     c = block_cost(bg)
     hbm = sum(min(r.traffic, _unique_bytes(s)) for r, s in zip(c.reads, srcs)) + c.write_bytes
     memory = max(hbm / _bandwidth(t), c.traffic / t.l2_bandwidth, c.traffic / t.sm_count / t.sm_load_bandwidth)
     compute = c.tc_flops / _tc_peak(t) + c.simt_flops / t.simt_flops
-    return max(memory, compute) + t.hbm_latency_s + launch
+    return max(memory, compute + t.hbm_latency_s) + launch
 
 
 # ---- the public entry points ---------------------------------------------------------------------
 _ESTIMATE_CACHE: "weakref.WeakKeyDictionary[KernelGraph, dict]" = weakref.WeakKeyDictionary()
 
 
-def estimate(graph: KernelGraph, target="h100", *, cuda_graph: bool = False) -> Estimate:
-    """The modelled run time of `graph` on `target` (see the module docstring for the formulas).
+def estimate(graph: KernelGraph, target="h100", *, launch=Launch.JIT, cuda_graph: bool = False) -> Estimate:
+    """The modelled run time of `graph` on `target` (see the module docstring for the formulas), its kernels
+    launched as ``launch`` says (`Launch`: inside jax.jit by default; ``cuda_graph=True`` is `Launch.GRAPH`).
 
     Raises ResourceError if a custom kernel does not fit the target (check `fits` first).
     """
-    t = get_target(target)
+    t, how = get_target(target), launch_path(launch, cuda_graph)
     per_graph = _ESTIMATE_CACHE.setdefault(graph, {})
-    key = (t, cuda_graph)
+    key = (t, how)
     if key not in per_graph:
-        per_graph[key] = _estimate(graph, t, t.graph_launch_s if cuda_graph else t.launch_s)
+        per_graph[key] = _estimate(graph, t, how)
     return per_graph[key]
 
 
-def estimate_floor(graph: KernelGraph, target="h100", *, cuda_graph: bool = False) -> float:
+def estimate_floor(graph: KernelGraph, target="h100", *, launch=Launch.JIT, cuda_graph: bool = False) -> float:
     """A lower bound on `estimate(graph, target).seconds` that needs no launch plan (so no lowering): library
-    kernels as estimated, custom kernels by `_custom_floor`. The search's sizing skips the options whose floor
-    cannot beat the ones it keeps; it holds for graphs that do not fit the target too."""
+    kernels as estimated, custom kernels by `_custom_floor`, every kernel charged as capturable (a split plan's
+    kernel is not, which only raises its charge). The search's sizing skips the options whose floor cannot beat
+    the ones it keeps; it holds for graphs that do not fit the target too."""
     t = get_target(target)
-    launch = t.graph_launch_s if cuda_graph else t.launch_s
-    return sum(_custom_floor(node.arg[0], node.srcs, t, launch) if custom else
-               _library_kernel(name, node, t, launch).seconds for name, node, custom in _launches(graph))
+    launches = list(_launches(graph))
+    charges = launch_charges(t, [True] * len(launches), launch_path(launch, cuda_graph))
+    return sum(_custom_floor(node.arg[0], node.srcs, t, charge) if custom else
+               _library_kernel(name, node, t, charge).seconds
+               for (name, node, custom), charge in zip(launches, charges))
 
 
-def _estimate(graph: KernelGraph, t: Target, launch: float) -> Estimate:
-    ks = tuple(_kernels(graph, t, launch))
+def _estimate(graph: KernelGraph, t: Target, how: Launch) -> Estimate:
+    ks = tuple(_kernels(graph, t, how))
     return Estimate(t.name, sum(k.seconds for k in ks), sum(k.hbm_bytes for k in ks),
                     sum(k.tc_flops for k in ks), sum(k.simt_flops for k in ks), len(ks), ks)
 
@@ -583,10 +704,10 @@ def _does_work(spec: KernelGraph) -> bool:
     return not all(leaf(o) for o in spec.outputs)
 
 
-def roofline(spec: KernelGraph, target="h100", *, cuda_graph: bool = False) -> Roofline:
+def roofline(spec: KernelGraph, target="h100", *, launch=Launch.JIT, cuda_graph: bool = False) -> Roofline:
     """The spec's lower bound: inputs read once and outputs written once at HBM bandwidth vs its
     essential (unpadded) FLOPs, matmuls at the tensor-core peak and the rest at the SIMT peak;
-    one launch. seconds = max(memory, tensor-core, SIMT) + launch."""
+    one launch (a lone kernel on the ``launch`` path). seconds = max(memory, tensor-core, SIMT) + launch."""
     t = get_target(target)
     if not _does_work(spec):   # outputs are inputs or views of them: nothing to launch
         return Roofline(t.name, 0.0, 0, 0, 0, 0.0, 0.0, 0.0)
@@ -595,7 +716,7 @@ def roofline(spec: KernelGraph, target="h100", *, cuda_graph: bool = False) -> R
     tc, simt = _essential_flops(spec)
     memory = hbm / t.hbm_bandwidth
     compute = max(tc / t.tc_flops, simt / t.simt_flops)
-    launch = t.graph_launch_s if cuda_graph else t.launch_s
+    launch = launch_charges(t, [True], launch_path(launch, cuda_graph))[0]
     return Roofline(t.name, max(memory, compute) + launch, hbm, tc, simt, memory, compute,
                     launch)
 

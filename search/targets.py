@@ -23,8 +23,11 @@ class Target:
     arch: str                   # codegen target, e.g. "sm_90"
     sm_count: int
     clock_hz: float             # max boost clock; per-clock widths below scale by it
-    tc_flops: float             # dense fp16/bf16 tensor-core peak (FLOP/s), what cuBLAS reaches
-    mma_sync_flops: float       # tensor-core rate reachable with mma.sync (custom kernels)
+    tc_flops: float             # dense fp16/bf16 tensor-core peak (FLOP/s): the datasheet's, not a measured
+                                # or reachable rate; library kernels (cuBLAS, XLA's) are charged at it, which
+                                # favours the baseline
+    mma_sync_flops: float       # reachable, not a peak: the tensor-core rate mma.sync reaches (custom kernels;
+                                # its source names the measurement it comes from)
     simt_flops: float           # fp32 non-tensor peak (FLOP/s; an FMA counts 2)
     hbm_bandwidth: float        # bytes/s, peak (the roofline uses it)
     hbm_efficiency: float       # share of the peak that streaming kernels reach (estimates)
@@ -42,8 +45,16 @@ class Target:
     max_threads_per_block: int
     max_blocks_per_sm: int
     sm_subpartitions: int       # processing blocks per SM (own scheduler, tensor core, FP32 lanes); a warp uses one
-    launch_s: float             # per kernel, eager launches from the host
-    graph_launch_s: float       # per kernel inside a CUDA graph
+    launch_s: float             # per kernel, eager launches from Python (the secondary figure)
+    graph_launch_s: float       # per kernel inside a CUDA graph / XLA command buffer
+    jit_launch_s: float         # per kernel jax.jit launches from C++ outside a command buffer
+    command_buffer_min_kernels: int  # XLA records a run of at least this many capturable kernels as one
+    fp32_per_clk: int           # FP32 lanes of one SM (results per clock)
+    int32_per_clk: int          # 32-bit integer lanes of one SM
+    mufu_per_clk: int           # special-function unit results per clock per SM (ex2, lg2, rsqrt, rcp)
+    smem_bytes_per_clk: int     # shared-memory bytes one SM serves per clock (one 128-byte wavefront)
+    barrier_clk: int            # clocks a barrier costs a CTA when nothing else on its SM can issue (estimate)
+    warps_to_fill_issue: int    # warps one scheduler needs to issue every clock (estimate)
 
     def replace(self, **changes) -> "Target":
         """A copy with some fields changed (e.g. calibrated rates from a device run)."""
@@ -68,7 +79,8 @@ def _from_table(name: str) -> Target:
     if missing:
         raise InvalidInput(f"the calibration table lacks {', '.join(missing)} for {name}",
                            hint=f"add them to {calibration.table_path()}")
-    return Target(name=name, arch=_ARCH[name], **{k: values[k] for k in fields})
+    counts = {f.name for f in dataclasses.fields(Target) if f.type == "int"}
+    return Target(name=name, arch=_ARCH[name], **{k: int(values[k]) if k in counts else values[k] for k in fields})
 
 
 def source(target, field: str) -> str:

@@ -51,7 +51,8 @@ def test_roofline_target_follows_the_device_name(bench, name, target):
 
 
 def test_the_model_table_is_the_cost_models(bench, capsys):
-    from mugraph.search.cost import estimate, roofline
+    from mugraph.search.baseline import xla_estimate
+    from mugraph.search.cost import Launch, estimate, roofline
     assert bench.main(["--model", "--workloads", "lora"]) == 0
     out = capsys.readouterr().out
     assert "launch plan" in out and "%roof" in out and "calibration.json" in out
@@ -59,10 +60,15 @@ def test_the_model_table_is_the_cost_models(bench, capsys):
     w = workloads.get("lora")
     r = rows[0]
     assert (r.workload, r.graph, r.target) == ("lora", "reference", "h200")
-    assert r.estimate_us == pytest.approx(estimate(w.reference(), "h200", cuda_graph=True).seconds * 1e6)
-    assert r.roofline_us == pytest.approx(roofline(w.spec(), "h200", cuda_graph=True).seconds * 1e6)
+    assert r.estimate_us == pytest.approx(estimate(w.reference(), "h200").seconds * 1e6)   # jax.jit's launches
+    assert r.roofline_us == pytest.approx(roofline(w.spec(), "h200").seconds * 1e6)
     assert 0 < r.fraction <= 1 and r.plan and r.inflight_kb_per_sm > 0
-    assert f"{100 * r.fraction:.0f}%" in bench.format_model(rows)
+    assert r.speedup == pytest.approx(xla_estimate(w.spec(), "h200").seconds / estimate(w.reference(), "h200").seconds)
+    assert r.eager_speedup == pytest.approx(xla_estimate(w.spec(), "h200", launch=Launch.EAGER).seconds
+                                            / estimate(w.reference(), "h200", launch=Launch.EAGER).seconds)
+    assert r.ctas == max(k.blocks for k in estimate(w.reference(), "h200").kernels)
+    line = bench.format_model(rows).splitlines()[1]
+    assert f"{100 * r.fraction:.0f}%" in line and f"{r.speedup:.2f}x" in line and f"{r.eager_speedup:.2f}x" in line
 
 
 def test_too_few_reps_for_a_median_is_refused(bench):

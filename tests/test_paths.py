@@ -55,6 +55,10 @@ UNSPLIT_SHAPES = {
     "lora": dict(X=(16, 64), W=(64, 256), A=(64, 16), B=(16, 256)),
     "gqa": _ONE_TRIP_ATTENTION, "gqa_safe": _ONE_TRIP_ATTENTION, "qknorm_gqa": _ONE_TRIP_ATTENTION,
 }
+# Searched winners the cost model sizes to a split plan at their small shapes (the issue-aware split choice), and
+# shapes at which it does not: qknorm_gqa's structure walks keys 8 at a time, so 32 keys (4 trips) stay unsplit.
+UNSPLIT_SEARCHED_SHAPES = {"gqa": _ONE_TRIP_ATTENTION, "gqa_safe": _ONE_TRIP_ATTENTION,
+                           "qknorm_gqa": dict(Q=(2, 128, 64), K=(2, 64, 32), V=(2, 32, 64))}
 # Structures with no loop to split (forloop 1 at every size): no split case exists.
 UNLOOPED = {("ntrans", "reference"), ("lora", "searched"), ("ntrans", "searched")}
 
@@ -148,6 +152,9 @@ def _workload_builders() -> dict:
             if name in table:
                 at = _at(w, table[name])
                 builders[f"{name}/reference/{label}"] = lambda w=at: _case(w.reference(), w)
+        if name in UNSPLIT_SEARCHED_SHAPES:
+            at = _at(w, UNSPLIT_SEARCHED_SHAPES[name])
+            builders[f"{name}/searched/unsplit"] = lambda name=name, w=at: _case(_sized(name, w.shapes, False), w)
     return builders
 
 
@@ -329,8 +336,9 @@ def test_mugraph_jit_searches_a_split_plan_and_runs_it_right(tmp_path):
     f = mugraph.jit(layer, backend="harness", cache=tmp_path,
                     config=SearchConfig(max_kernel_ops=1, budget_states=300, budget_seconds=60))
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((16, 8192)) * 0.5).astype(np.float16)
-    w = (rng.standard_normal((8192, 64)) * 0.5).astype(np.float16)
+    # K = 16384: at 8192 the model ranks a one-trip kernel (the whole K per CTA, no loop to split) 0.2 us first
+    x = (rng.standard_normal((16, 16384)) * 0.5).astype(np.float16)
+    w = (rng.standard_normal((16384, 64)) * 0.5).astype(np.float16)
     got = np.asarray(jax.jit(f)(x, w), np.float64)
     (kernel,) = f.kernels.values()
     assert kernel.graph.custom_ops() and _splits(kernel.graph), str(kernel.graph)

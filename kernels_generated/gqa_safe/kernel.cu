@@ -7,27 +7,27 @@ MG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }
 inline float mg_ninf() { return -HUGE_VALF; }
 #endif
 
-// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 32; 81920 bytes of dynamic shared memory
-//   sm1 [0, 49152) input 1 tile [1, 64, 128] x 3 stages
+// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 32; 57344 bytes of dynamic shared memory
+//   sm1 [0, 32768) input 1 tile [1, 64, 128] x 2 stages
 //   sm3 [0, 16) whether this CTA finishes the block
-//   sm2 [49152, 73728) input 2 tile [1, 128, 32] x 3 stages
-//   sm0 [73728, 81920) input 0 tile [1, 64, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
+//   sm2 [32768, 49152) input 2 tile [1, 128, 32] x 2 stages
+//   sm0 [49152, 57344) input 0 tile [1, 64, 64]
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z() / 2;  // which of the 4 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 73728);  // input 0 tile [1, 64, 64]
+  const int sp_ = mg_bid_z() / 2;  // which of the 8 CTAs of the loop
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096;  // block's tile origin
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 3 stages
-  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 1024;  // block's tile origin
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 49152);  // input 2 tile [1, 128, 32] x 3 stages
-  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 65536;  // block's tile origin
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 2 stages
+  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 512;  // block's tile origin
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 128, 32] x 2 stages
+  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 32768;  // block's tile origin
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 128;  // [1,64,128] on 1x4x1 warps
   unsigned qa0[1][4][1][4];  // A fragments of input[1, 64, 64], kept in registers across the loop
   const int f1m = warp / 1 % 4 * 16, f1n = warp % 1 * 32;  // [1,64,32] on 1x4x1 warps
   const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 4 * (mg_bid_z() % 2));  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 8704;  // its partials
+  const long long ws_ = (long long)tile_ * 17408;  // its partials
   MG_SPTR(int) const sm3 = (int*)(smem + 0);  // whether this CTA finishes the block
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096 + (long long)(mg_bid_z() % 2) * 32;  // output 0 tile origin
   // loop-invariant input tiles
@@ -52,21 +52,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     mg_cp_async16(&sm2[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + ((e_ / 4)) * 64 + e_ % 4 * 8));
   }
   mg_cp_async_commit();
-  // stage 1 of the loop's input tiles
-  // cp.async 1024 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 8; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 8192)[((((e_ / 16)) * 128 + (e_ % 16 * 8)) ^ (((((e_ / 16)) * 128 + (e_ % 16 * 8)) >> 4) & 56))], p1 + (sm1g + (long long)1 * 128 + ((e_ / 16)) * 4096 + e_ % 16 * 8));
-  }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 4096)[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + (long long)1 * 8192 + ((e_ / 4)) * 64 + e_ % 4 * 8));
-  }
-  mg_cp_async_commit();
-  mg_cp_async_wait_group<2>();
+  mg_cp_async_wait_group<1>();
   mg_syncthreads();
   // A fragments of input[1, 64, 64] into registers, once
   for (int bi = 0; bi < 1; ++bi) {
@@ -87,25 +73,25 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   float acc1[1][1][4][4] = {};  // acc_sum_rescale[1, 64, 32]
   float acc2[1][1][2] = {};  // acc_sum_last_rescale[1, 64, 1]
 #pragma unroll 1
-  for (int it = 0; it < 8; ++it) {
-    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
+  for (int it = 0; it < 4; ++it) {
+    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    MG_SPTR(mg_half) const sm1c = sm1 + it % 3 * 8192;
-    MG_SPTR(mg_half) const sm2c = sm2 + it % 3 * 4096;
-    // prefetch the input tiles of iteration it + 2
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 2 * 8192;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 2 * 4096;
+    // prefetch the input tiles of iteration it + 1
     {
-      const int itn = it + 2 < 8 ? it + 2 : 7, nbytes = it + 2 < 8 ? 16 : 0;
+      const int itn = it + 1 < 4 ? it + 1 : 3, nbytes = it + 1 < 4 ? 16 : 0;
       // cp.async 1024 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 8; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 2) % 3 * 8192)[((((e_ / 16)) * 128 + (e_ % 16 * 8)) ^ (((((e_ / 16)) * 128 + (e_ % 16 * 8)) >> 4) & 56))], p1 + (sm1g + (long long)itn * 128 + ((e_ / 16)) * 4096 + e_ % 16 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm1 + (it + 1) % 2 * 8192)[((((e_ / 16)) * 128 + (e_ % 16 * 8)) ^ (((((e_ / 16)) * 128 + (e_ % 16 * 8)) >> 4) & 56))], p1 + (sm1g + (long long)itn * 128 + ((e_ / 16)) * 4096 + e_ % 16 * 8), nbytes);
       }
       // cp.async 512 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 4; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 2) % 3 * 4096)[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + (long long)itn * 8192 + ((e_ / 4)) * 64 + e_ % 4 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm2 + (it + 1) % 2 * 4096)[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + (long long)itn * 8192 + ((e_ / 4)) * 64 + e_ % 4 * 8), nbytes);
       }
       mg_cp_async_commit();
     }
@@ -270,21 +256,21 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     if (t4_ == 0) mg_ws[ws_ + sp_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc2[bi][mi][h];
   }
   mg_syncthreads();
-  // count this CTA in; the last of the 4 finishes the block
+  // count this CTA in; the last of the 8 finishes the block
   mg_threadfence();  // this CTA's partials are visible to the others before it counts in
   mg_syncthreads();
-  if (tid == 0) sm3[0] = mg_atomic_inc(&mg_ctr[tile_]) == 3;
+  if (tid == 0) sm3[0] = mg_atomic_inc(&mg_ctr[tile_]) == 7;
   mg_syncthreads();
   // only the last CTA goes on
   if (sm3[0] == 0) return;
   mg_threadfence();
-  // combine the 4 partial states in split order: acc_max_last[1, 64, 1], acc_sum_rescale[1, 64, 32], acc_sum_last_rescale[1, 64, 1]
+  // combine the 8 partial states in split order: acc_max_last[1, 64, 1], acc_sum_rescale[1, 64, 32], acc_sum_last_rescale[1, 64, 1]
   for (int bi = 0; bi < 1; ++bi)
   for (int mi = 0; mi < 1; ++mi)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p_ = mg_ninf();
-    for (int k_ = 0; k_ < 4; ++k_) p_ = mg_fmax(p_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 8; ++k_) p_ = mg_fmax(p_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
     acc0[bi][mi][h] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -294,8 +280,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float m_ = mg_ninf(), p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]));
-    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]) - m_);
+    for (int k_ = 0; k_ < 8; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 8; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]) - m_);
     acc1[bi][mi][ni][q] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -303,8 +289,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float m_ = mg_ninf(), p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
-    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) - m_);
+    for (int k_ = 0; k_ < 8; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 8; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) - m_);
     acc2[bi][mi][h] = p_;
   }
   if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch

@@ -4,36 +4,36 @@
 MG_DEVICE float mg_square(float x) { return x * x; }
 MG_DEVICE float mg_cast_f16(float x) { return mg_h2f(mg_f2h(x)); }
 
-// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 32; 90624 bytes of dynamic shared memory
-//   sm1 [0, 49152) input 1 tile [1, 64, 128] x 3 stages
+// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 32; 41472 bytes of dynamic shared memory
+//   sm1 [0, 16384) input 1 tile [1, 64, 128]
 //   sm7 [0, 16) whether this CTA finishes the block
-//   sm2 [49152, 73728) input 2 tile [1, 128, 32] x 3 stages
-//   sm0 [73728, 81920) input 0 tile [1, 64, 64]
-//   sm6 [73728, 90112) cast[1, 64, 128] as f16 operand B
-//   sm5 [81920, 90112) cast[1, 64, 64] as f16 operand A
-//   sm3 [90112, 90368) rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
-//   sm4 [90112, 90624) rsqrt(mean(x^2)) of rms_norm[1, 64, 128]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
+//   sm0 [16384, 24576) input 0 tile [1, 64, 64]
+//   sm6 [16384, 32768) cast[1, 64, 128] as f16 operand B
+//   sm5 [24576, 32768) cast[1, 64, 64] as f16 operand A
+//   sm2 [32768, 40960) input 2 tile [1, 128, 32]
+//   sm3 [40960, 41216) rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
+//   sm4 [40960, 41472) rsqrt(mean(x^2)) of rms_norm[1, 64, 128]
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 3) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z() / 2;  // which of the 4 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 73728);  // input 0 tile [1, 64, 64]
+  const int sp_ = mg_bid_z() / 2;  // which of the 32 CTAs of the loop
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 16384);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096;  // block's tile origin
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 3 stages
-  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 1024;  // block's tile origin
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 49152);  // input 2 tile [1, 128, 32] x 3 stages
-  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 65536;  // block's tile origin
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128]
+  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 128;  // block's tile origin
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 128, 32]
+  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 8192;  // block's tile origin
   const int q2g = tid / 2, q2l = tid % 2;  // groups of 2 lanes
-  MG_SPTR(float) const sm3 = (float*)(smem + 90112);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
-  MG_SPTR(float) const sm4 = (float*)(smem + 90112);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 128]
-  MG_SPTR(mg_half) const sm5 = (mg_half*)(smem + 81920);  // cast[1, 64, 64] as f16 operand A
+  MG_SPTR(float) const sm3 = (float*)(smem + 40960);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 64]
+  MG_SPTR(float) const sm4 = (float*)(smem + 40960);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 128]
+  MG_SPTR(mg_half) const sm5 = (mg_half*)(smem + 24576);  // cast[1, 64, 64] as f16 operand A
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 128;  // [1,64,128] on 1x4x1 warps
   unsigned qa0[1][4][1][4];  // A fragments of cast[1, 64, 64], kept in registers across the loop
-  MG_SPTR(mg_half) const sm6 = (mg_half*)(smem + 73728);  // cast[1, 64, 128] as f16 operand B
+  MG_SPTR(mg_half) const sm6 = (mg_half*)(smem + 16384);  // cast[1, 64, 128] as f16 operand B
   const int f1m = warp / 1 % 4 * 16, f1n = warp % 1 * 32;  // [1,64,32] on 1x4x1 warps
   const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 4 * (mg_bid_z() % 2));  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 8448;  // its partials
+  const long long ws_ = (long long)tile_ * 67584;  // its partials
   MG_SPTR(int) const sm7 = (int*)(smem + 0);  // whether this CTA finishes the block
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096 + (long long)(mg_bid_z() % 2) * 32;  // output 0 tile origin
   // loop-invariant input tiles
@@ -58,21 +58,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     mg_cp_async16(&sm2[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + ((e_ / 4)) * 64 + e_ % 4 * 8));
   }
   mg_cp_async_commit();
-  // stage 1 of the loop's input tiles
-  // cp.async 1024 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 8; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 8192)[((e_ / 16)) * 128 + e_ % 16 * 8], p1 + (sm1g + (long long)1 * 128 + ((e_ / 16)) * 4096 + e_ % 16 * 8));
-  }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 4096)[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + (long long)1 * 8192 + ((e_ / 4)) * 64 + e_ % 4 * 8));
-  }
-  mg_cp_async_commit();
-  mg_cp_async_wait_group<2>();
+  mg_cp_async_wait_group<1>();
   mg_syncthreads();
   float v0[1];
   // reduce input[1, 64, 64] over dim 2 (2 lanes per element)
@@ -107,35 +93,15 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   }
   float acc0[1][1][4][4] = {};  // acc_sum[1, 64, 32]
   float acc1[1][1][2] = {};  // acc_sum_last[1, 64, 1]
-#pragma unroll 1
-  for (int it = 0; it < 8; ++it) {
-    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
+  {  // the loop's single iteration
+    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    MG_SPTR(mg_half) const sm1c = sm1 + it % 3 * 8192;
-    MG_SPTR(mg_half) const sm2c = sm2 + it % 3 * 4096;
-    // prefetch the input tiles of iteration it + 2
-    {
-      const int itn = it + 2 < 8 ? it + 2 : 7, nbytes = it + 2 < 8 ? 16 : 0;
-      // cp.async 1024 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 8; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 2) % 3 * 8192)[((e_ / 16)) * 128 + e_ % 16 * 8], p1 + (sm1g + (long long)itn * 128 + ((e_ / 16)) * 4096 + e_ % 16 * 8), nbytes);
-      }
-      // cp.async 512 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 4; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 2) % 3 * 4096)[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + (long long)itn * 8192 + ((e_ / 4)) * 64 + e_ % 4 * 8), nbytes);
-      }
-      mg_cp_async_commit();
-    }
     float v1[1];
     // reduce input[1, 64, 128] over dim 1 (1 lanes per element)
     for (int s = 0; s < 1; ++s) {
       const int o_ = s * 128 + tid;
       float p_ = 0.0f;
-      for (int j_ = 0; j_ < 64; j_ += 1) p_ = p_ + mg_square(mg_h2f(sm1c[j_ * 128 + o_]));
+      for (int j_ = 0; j_ < 64; j_ += 1) p_ = p_ + mg_square(mg_h2f(sm1[j_ * 128 + o_]));
       v1[s] = p_;
     }
     // the norm's row factors
@@ -148,7 +114,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll 4
     for (int i_ = 0; i_ < 8; ++i_) {
       const int e_ = tid + i_ * 128;
-      mg_st16(&sm6[(((e_ / 16) * 128 + (e_ % 16 * 8)) ^ ((((e_ / 16) * 128 + (e_ % 16 * 8)) >> 4) & 56))], mg_u32x4{mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 0]) * sm4[e_ % 16 * 8 + 0]))), mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 1]) * sm4[e_ % 16 * 8 + 1])))), mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 2]) * sm4[e_ % 16 * 8 + 2]))), mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 3]) * sm4[e_ % 16 * 8 + 3])))), mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 4]) * sm4[e_ % 16 * 8 + 4]))), mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 5]) * sm4[e_ % 16 * 8 + 5])))), mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 6]) * sm4[e_ % 16 * 8 + 6]))), mg_f2h(mg_cast_f16((mg_h2f(sm1c[(e_ / 16) * 128 + e_ % 16 * 8 + 7]) * sm4[e_ % 16 * 8 + 7]))))});
+      mg_st16(&sm6[(((e_ / 16) * 128 + (e_ % 16 * 8)) ^ ((((e_ / 16) * 128 + (e_ % 16 * 8)) >> 4) & 56))], mg_u32x4{mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 0]) * sm4[e_ % 16 * 8 + 0]))), mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 1]) * sm4[e_ % 16 * 8 + 1])))), mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 2]) * sm4[e_ % 16 * 8 + 2]))), mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 3]) * sm4[e_ % 16 * 8 + 3])))), mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 4]) * sm4[e_ % 16 * 8 + 4]))), mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 5]) * sm4[e_ % 16 * 8 + 5])))), mg_pack2(mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 6]) * sm4[e_ % 16 * 8 + 6]))), mg_f2h(mg_cast_f16((mg_h2f(sm1[(e_ / 16) * 128 + e_ % 16 * 8 + 7]) * sm4[e_ % 16 * 8 + 7]))))});
     }
     mg_syncthreads();
     float v2[1][1][16][4] = {};
@@ -194,7 +160,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     }
     // matmul[1, 64, 32] on tensor cores
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm2c;
+      const mg_half* const bb_ = sm2;
       #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         unsigned a[1][4], b[4][2];
@@ -240,7 +206,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       acc1[bi][mi][h] = acc1[bi][mi][h] + v5[bi][mi][h];
     }
   }
-  mg_cp_async_wait_group<0>();  // the last (empty) prefetches land before buffers are reused
   // publish this CTA's partial state (2112 floats)
   for (int bi = 0; bi < 1; ++bi)
   for (int mi = 0; mi < 1; ++mi)
@@ -257,15 +222,15 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     if (t4_ == 0) mg_ws[ws_ + sp_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc1[bi][mi][h];
   }
   mg_syncthreads();
-  // count this CTA in; the last of the 4 finishes the block
+  // count this CTA in; the last of the 32 finishes the block
   mg_threadfence();  // this CTA's partials are visible to the others before it counts in
   mg_syncthreads();
-  if (tid == 0) sm7[0] = mg_atomic_inc(&mg_ctr[tile_]) == 3;
+  if (tid == 0) sm7[0] = mg_atomic_inc(&mg_ctr[tile_]) == 31;
   mg_syncthreads();
   // only the last CTA goes on
   if (sm7[0] == 0) return;
   mg_threadfence();
-  // combine the 4 partial states in split order: acc_sum[1, 64, 32], acc_sum_last[1, 64, 1]
+  // combine the 32 partial states in split order: acc_sum[1, 64, 32], acc_sum_last[1, 64, 1]
   for (int bi = 0; bi < 1; ++bi)
   for (int mi = 0; mi < 1; ++mi)
 #pragma unroll
@@ -273,7 +238,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 0 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]);
+    for (int k_ = 0; k_ < 32; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 0 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]);
     acc0[bi][mi][ni][q] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -281,7 +246,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]);
+    for (int k_ = 0; k_ < 32; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]);
     acc1[bi][mi][h] = p_;
   }
   if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch

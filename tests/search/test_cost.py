@@ -121,7 +121,7 @@ def test_tables_hold_the_published_numbers():
     assert (a.arch, h.arch, h2.arch) == ("sm_80", "sm_90a", "sm_90a")  # Hopper's path is one the model weighs
     for t in (a, h, h2):
         assert (t.regs_per_sm, t.max_threads_per_sm, t.max_blocks_per_sm) == (65536, 2048, 32)
-        assert 3e-6 <= t.launch_s <= 5e-6 and t.graph_launch_s < t.launch_s
+        assert 3e-6 <= t.launch_s <= 5e-6 and t.graph_launch_s < t.jit_launch_s < t.launch_s
 
 
 def test_unknown_target_is_a_typed_error():
@@ -143,7 +143,12 @@ def test_fused_beats_unfused_and_both_respect_the_roofline(case, target):
     spec, fused = spec_fn(), fused_fn()
     bound = cost.roofline(spec, target)
     unfused_est, fused_est = cost.estimate(spec, target), cost.estimate(fused, target)
-    assert fused_est.seconds < unfused_est.seconds
+    if case == "rmsnorm":   # fusing saves one launch (1 us under jax.jit, not 4) and X's 128 KB: a wash, not a win,
+        assert abs(fused_est.seconds - unfused_est.seconds) < 0.15 * unfused_est.seconds   # for this tiling;
+        eager = cost.estimate(spec, target, launch=cost.Launch.EAGER).seconds           # eager launches still
+        assert cost.estimate(fused, target, launch=cost.Launch.EAGER).seconds < eager     # make it a win
+    else:
+        assert fused_est.seconds < unfused_est.seconds
     assert fused_est.launches < unfused_est.launches
     for est in (unfused_est, fused_est):
         assert bound.seconds <= est.seconds
@@ -156,7 +161,8 @@ def test_roofline_holds_under_cuda_graphs(case):
     for graph in (PAIRS[case][0](), PAIRS[case][1]()):
         bound = cost.roofline(PAIRS[case][0](), "h100", cuda_graph=True)
         est = cost.estimate(graph, "h100", cuda_graph=True)
-        assert bound.seconds <= est.seconds < cost.estimate(graph, "h100").seconds
+        assert bound.seconds <= est.seconds <= cost.estimate(graph, "h100").seconds \
+            < cost.estimate(graph, "h100", launch=cost.Launch.EAGER).seconds
 
 
 def _elementwise(n):
@@ -221,19 +227,29 @@ def test_a_grid_smaller_than_the_sm_count_splits_its_loop_to_stream():
     k = narrow.kernels[0]
     assert k.splits > 1 and k.blocks == 6 * k.splits and k.grid == (6, 1, k.splits)
     assert k.seconds > wide.seconds                 # the combine of the partial states is not free
-    assert k.bound == "memory" and k.inflight_per_sm > 0
+    assert k.inflight_per_sm > 0                    # (its bound: 6 x splits CTAs issue 256 / splits trips each)
 
 
-def test_streaming_rate_follows_littles_law():
+def test_an_sms_fill_rate_follows_littles_law_and_idle_sms_pull_nothing():
+    from dataclasses import replace as rep
     t = get_target("h200")
     bw = t.hbm_bandwidth * t.hbm_efficiency
-    assert cost._streaming_rate(10**9, t) == bw                          # enough in flight: the bandwidth
-    small = 64 * KB
-    assert cost._streaming_rate(small, t) == pytest.approx(small / t.hbm_latency_s)  # idle latency
-    loaded = int(bw * t.loaded_latency_s)
-    assert cost._streaming_rate(loaded, t) == pytest.approx(bw)
-    rates = [cost._streaming_rate(n, t) for n in (KB, 16 * KB, MB, 4 * MB, 64 * MB)]
-    assert rates == sorted(rates)
+    s = cost.schedule(rms_fused(grid=96, forloop=16).nodes[-1].arg[0], "h200")
+    s = rep(s, grid=(132, 1, 1), splits=1, stage_bytes=32 * KB, stages=3, forloop=16, tma=False)
+    fill, rate = cost._fill_rates(s, t, on_sm=1, resident=132)
+    assert s.bytes_in_flight == 64 * KB
+    assert 132 * 64 * KB >= bw * t.loaded_latency_s              # enough in flight to load HBM: loaded latency
+    assert fill == pytest.approx(64 * KB / t.loaded_latency_s)   # Little's law, 43.7 GB/s per SM
+    assert 132 * fill > bw and rate == bw                        # 132 x 43.7 GB/s = 5.8 TB/s: HBM limits
+    few = rep(s, grid=(8, 1, 1))                                 # 8 CTAs: 124 SMs idle, idle latency
+    fill8, rate8 = cost._fill_rates(few, t, on_sm=1, resident=8)
+    assert fill8 == pytest.approx(64 * KB / t.hbm_latency_s)
+    assert rate8 == pytest.approx(8 * fill8) and rate8 < bw / 4
+    deep = rep(s, stages=16)                                     # 15 x 32 KB per SM: the L2 -> SM path limits
+    fill_deep, rate_deep = cost._fill_rates(deep, t, on_sm=1, resident=132)
+    assert fill_deep == t.sm_load_bandwidth and rate_deep == bw
+    none = rep(s, stage_bytes=0, invariant_bytes=16 * KB)        # nothing streams: one batch, one round trip
+    assert cost._fill_rates(none, t, on_sm=1, resident=132)[0] == pytest.approx(16 * KB / t.hbm_latency_s)
 
 
 def test_estimates_read_codegen_launch_plan():
@@ -439,7 +455,11 @@ def test_a_compute_heavy_loop_on_few_blocks_splits_over_more_ctas_than_streaming
     assert s.splits == best > streaming == 2
 
 
-@pytest.mark.parametrize("name", ["gqa", "gqa_safe", "qknorm_gqa"])
+@pytest.mark.parametrize("name", ["gqa", "gqa_safe", pytest.param("qknorm_gqa", marks=pytest.mark.xfail(
+    strict=True, reason="stale reference: with the loop's instructions counted from the lowering, the model ranks "
+    "the two-launch form first (8.2 us on h200) and the one-launch tiling rows 32 / cols 64 / keys 64 (9.2 us) "
+    "ahead of ATTENTION_TILING's (16.1 us: K's norm is recomputed by every row tile); changing the reference "
+    "changes the shipped kernels and the quality tier, left to the lead"))])
 def test_the_attention_references_use_the_tiling_the_model_ranks_first(name):
     """workloads.ATTENTION_TILING is what the model (h200, CUDA-graph launches) prefers among the one-launch
     tilings (rows 16-128 per block, value columns whole / halved / quartered, 32-128 keys per trip) and the
@@ -459,3 +479,86 @@ def test_the_attention_references_use_the_tiling_the_model_ranks_first(name):
         if cost.fits(graph.nodes[-1].arg[0], "h200"):
             others.append(seconds(graph))
     assert chosen <= min(others)
+
+
+# ---- the model of issue 17: fill rate, coverage, instructions, by hand on one kernel -----------------------------
+def test_the_model_by_hand_on_ntrans_reference_h200():
+    """8 CTAs of 128 threads, no loop to stream: each loads its 24 KB of tiles at once (one round trip) and runs
+    one trip of 320 FP32, 64 integer and 192 shared-memory instructions per warp (counted from the lowering)."""
+    from mugraph import workloads
+    from mugraph.codegen.arch import get_arch
+    from mugraph.codegen.issue import TripOps, trip_ops
+    t = get_target("h200")
+    g = workloads.get("ntrans").reference()
+    bg = g.custom_ops()[0][0]
+    s = cost.schedule(bg, t)
+    assert (s.ctas, s.threads, s.stage_bytes, s.invariant_bytes, s.trips) == (8, 128, 0, 24 * KB, 1)
+    assert trip_ops(bg, get_arch(s.arch), s.stages, s.splits, s.path) == TripOps(fp32=320, int=64, shared=192,
+                                                                                  shared_ops=192)
+    # fill: 8 x 24 KB in flight is far below 4.32 TB/s x 1.5 us, so the idle latency: 24576 B / 0.6 us per SM,
+    # 8 SMs covered
+    fill = 24576 / 0.6e-6
+    rate = 8 * fill                                   # 328 GB/s: 124 SMs idle
+    memory = max(262144 / rate, 32768 / fill)         # 3 x 64 KB read + 64 KB written; one CTA's 32 KB
+    # one warp per processing block issues every other clock: (320 + 64 + 192) x 2 clocks for the one trip
+    issue = (320 + 64 + 192) * 2 / 1.98e9
+    assert issue > 327744 / 67e12 / (8 / 132)         # above the FLOP term (SIMT FLOPs / peak / util)
+    latency, launch = 0.6e-6, 1e-6                    # one wave's first load; one kernel under jax.jit
+    # below the bandwidth, Little's law's 0.8 us already holds the round trip; the trip waits for the first load
+    k = cost.estimate(g, "h200").kernels[0]
+    assert k.seconds == pytest.approx(max(memory, issue + latency) + launch)
+    assert k.seconds == pytest.approx(2.18e-6, abs=0.01e-6) and k.bound == "latency"
+    assert k.inflight_per_sm == 24 * KB               # not 0: a kernel with nothing streaming is no free lunch
+
+
+def test_the_reference_and_searched_kernels_no_longer_tie_where_their_code_differs():
+    """rmsnorm_linear: the hand-written kernel (96 blocks x 64 trips of a 64-wide X tile) and the searched one
+    (48 blocks x 16 trips of a 256-wide tile) were both 13.33 us on h200; the searched one's loop reduces 4x the
+    X tile per trip on half the SMs, so it runs 2 CTAs of 8 trips per block."""
+    from pathlib import Path
+    from mugraph import ir, workloads
+    from mugraph.codegen.arch import get_arch
+    from mugraph.codegen.issue import trip_ops
+    root = Path(__file__).resolve().parents[2] / "kernels_generated"
+    ref = workloads.get("rmsnorm_linear").reference()
+    searched = ir.from_json((root / "rmsnorm_linear" / "searched" / "graph.json").read_text())
+    a, b = cost.estimate(ref, "h200").kernels[0], cost.estimate(searched, "h200").kernels[0]
+    assert abs(a.seconds - b.seconds) > 0.02 * a.seconds
+    ops = [trip_ops(g.custom_ops()[0][0], get_arch("sm_90a"), k.stages, k.splits, cost.schedule(
+        g.custom_ops()[0][0], "h200").path) for g, k in ((ref, a), (searched, b))]
+    assert ops[1].int > 2 * ops[0].int and ops[1].shared > 2 * ops[0].shared
+    assert (a.blocks, b.blocks, b.splits) == (96, 96, 2)
+
+
+def _forced_splits(monkeypatch, graph, target, d):
+    from mugraph.codegen import issue, schedule
+    monkeypatch.setattr(schedule, "choose_splits", lambda *a, **k: d)
+    schedule._schedule.cache_clear()
+    cost._ESTIMATE_CACHE.clear()
+    issue.trip_ops.cache_clear()
+    try:
+        return cost.estimate(graph, target).kernels[0].seconds
+    finally:
+        monkeypatch.undo()
+        schedule._schedule.cache_clear()
+        cost._ESTIMATE_CACHE.clear()
+
+
+@pytest.mark.parametrize("name, ctas", [("rmsnorm_linear", (96, 96)), ("gated_mlp", (64, 64)), ("lora", (64, 64))])
+def test_the_streaming_kernels_cta_counts_at_full_shapes_on_h200_are_the_models_choice(monkeypatch, name, ctas):
+    """Split-K is the model's choice: among the loop splits that fit, the schedule takes one whose estimate is
+    within 3% of the fastest (the schedule weighs the busiest SM's loop, the estimate adds launch and latency).
+    At full shapes on h200 it does not reach 132 CTAs for these kernels: 2 CTAs on some SMs and 1 on others
+    (192 CTAs) is estimated slower than 96 for rmsnorm_linear, and gated_mlp's 64 CTAs already stream HBM at the
+    rate 64 SMs' bytes in flight sustain."""
+    from pathlib import Path
+    from mugraph import ir, workloads
+    root = Path(__file__).resolve().parents[2] / "kernels_generated"
+    graphs = [workloads.get(name).reference(),
+              ir.from_json((root / name / "searched" / "graph.json").read_text())]
+    assert tuple(cost.estimate(g, "h200").kernels[0].blocks for g in graphs) == ctas
+    for g in graphs:
+        bg = g.custom_ops()[0][0]
+        chosen = cost.estimate(g, "h200").kernels[0].seconds
+        options = [_forced_splits(monkeypatch, g, "h200", d) for d in (1, 2, 4) if bg.forloop % d == 0]
+        assert chosen <= 1.03 * min(options)

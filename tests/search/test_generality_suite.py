@@ -38,8 +38,11 @@ def test_unknown_program_is_a_typed_error_naming_the_choices():
 def test_the_xla_like_baseline_is_never_slower_than_the_unfused_program(name):
     from mugraph.search.baseline import xla_estimate
     from mugraph.search.cost import estimate
+    from mugraph.search.cost import Launch
     spec = generality.get(name).small().spec()
-    xla, unfused = xla_estimate(spec), estimate(spec)
+    # the same charge per kernel on both sides: under jax.jit's rule 4 kernels launch from C++ (1 us each) while
+    # 5 replay as a command buffer (0.5 us each), so the unfused program can be cheaper to launch (swiglu_down)
+    xla, unfused = xla_estimate(spec, launch=Launch.GRAPH), estimate(spec, launch=Launch.GRAPH)
     assert xla.launches <= unfused.launches and xla.seconds <= unfused.seconds * (1 + 1e-9)
 
 

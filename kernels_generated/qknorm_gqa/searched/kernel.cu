@@ -4,41 +4,41 @@
 MG_DEVICE float mg_square(float x) { return x * x; }
 MG_DEVICE float mg_cast_f16(float x) { return mg_h2f(mg_f2h(x)); }
 
-// mg_kernel0: grid (2, 8, 1) x 128 threads, forloop 128; 65664 bytes of dynamic shared memory
-//   sm1 [0, 28672) input 1 tile [1, 64, 32] x 7 stages
+// mg_kernel0: grid (2, 8, 1) x 128 threads, forloop 128; 24704 bytes of dynamic shared memory
+//   sm1 [0, 8192) input 1 tile [1, 64, 32] x 2 stages
 //   sm9 [0, 16) whether this CTA finishes the block
 //   sm10 [0, 128) acc_sum_last[1, 32, 1] (fp32)
-//   sm2 [28672, 57344) input 2 tile [1, 32, 64] x 7 stages
-//   sm0 [57344, 61440) input 0 tile [1, 32, 64]
-//   sm6 [57344, 61440) rms_norm[1, 64, 32] as f16 operand B
-//   sm7 [57344, 59392) thread[1, 32, 32] as f16 operand A
-//   sm8 [57344, 57600) row partials of 2 warps
-//   sm4 [61440, 61568) rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
-//   sm5 [61440, 65536) cast[1, 32, 64] as f16 operand A
-//   sm3 [65536, 65664) rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
+//   sm2 [8192, 16384) input 2 tile [1, 32, 64] x 2 stages
+//   sm0 [16384, 20480) input 0 tile [1, 32, 64]
+//   sm6 [16384, 20480) rms_norm[1, 64, 32] as f16 operand B
+//   sm7 [16384, 18432) thread[1, 32, 32] as f16 operand A
+//   sm8 [16384, 16640) row partials of 2 warps
+//   sm4 [20480, 20608) rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
+//   sm5 [20480, 24576) cast[1, 32, 64] as f16 operand A
+//   sm3 [24576, 24704) rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 5) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z();  // which of the 4 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 57344);  // input 0 tile [1, 32, 64]
+  const int sp_ = mg_bid_z();  // which of the 32 CTAs of the loop
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 16384);  // input 0 tile [1, 32, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 2048;  // block's tile origin
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 32] x 7 stages
-  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 1024;  // block's tile origin
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 28672);  // input 2 tile [1, 32, 64] x 7 stages
-  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 65536;  // block's tile origin
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 32] x 2 stages
+  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 128;  // block's tile origin
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 8192);  // input 2 tile [1, 32, 64] x 2 stages
+  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 8192;  // block's tile origin
   const int q4g = tid / 4, q4l = tid % 4;  // groups of 4 lanes
-  MG_SPTR(float) const sm3 = (float*)(smem + 65536);  // rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
-  MG_SPTR(float) const sm4 = (float*)(smem + 61440);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
-  MG_SPTR(mg_half) const sm5 = (mg_half*)(smem + 61440);  // cast[1, 32, 64] as f16 operand A
+  MG_SPTR(float) const sm3 = (float*)(smem + 24576);  // rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
+  MG_SPTR(float) const sm4 = (float*)(smem + 20480);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
+  MG_SPTR(mg_half) const sm5 = (mg_half*)(smem + 20480);  // cast[1, 32, 64] as f16 operand A
   const int f0b = warp / 4 * 1, f0m = warp / 2 % 2 * 16, f0n = warp % 2 * 16;  // [1,32,32] on 1x2x2 warps
   unsigned qa0[1][4][1][4];  // A fragments of cast[1, 32, 64], kept in registers across the loop
-  MG_SPTR(mg_half) const sm6 = (mg_half*)(smem + 57344);  // rms_norm[1, 64, 32] as f16 operand B
-  MG_SPTR(mg_half) const sm7 = (mg_half*)(smem + 57344);  // thread[1, 32, 32] as f16 operand A
+  MG_SPTR(mg_half) const sm6 = (mg_half*)(smem + 16384);  // rms_norm[1, 64, 32] as f16 operand B
+  MG_SPTR(mg_half) const sm7 = (mg_half*)(smem + 16384);  // thread[1, 32, 32] as f16 operand A
   const int f1m = warp / 4 % 1 * 32, f1n = warp % 4 * 16;  // [1,32,64] on 1x1x4 warps
-  MG_SPTR(float) const sm8 = (float*)(smem + 57344);  // row partials of 2 warps
+  MG_SPTR(float) const sm8 = (float*)(smem + 16384);  // row partials of 2 warps
   const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 8 * 0);  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 8448;  // its partials
+  const long long ws_ = (long long)tile_ * 67584;  // its partials
   MG_SPTR(int) const sm9 = (int*)(smem + 0);  // whether this CTA finishes the block
   MG_SPTR(float) const sm10 = (float*)(smem + 0);  // acc_sum_last[1, 32, 1] (fp32)
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 2048;  // output 0 tile origin
@@ -64,77 +64,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     mg_cp_async16(&sm2[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + ((e_ / 8)) * 64 + e_ % 8 * 8));
   }
   mg_cp_async_commit();
-  // stage 1 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 2048)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)1 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 2048)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)1 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  // stage 2 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 4096)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)2 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)2 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  // stage 3 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 6144)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)3 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 6144)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)3 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  // stage 4 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 8192)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)4 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)4 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  // stage 5 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 10240)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)5 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 10240)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)5 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  mg_cp_async_wait_group<6>();
+  mg_cp_async_wait_group<1>();
   mg_syncthreads();
   float v0[1];
   // reduce input[1, 32, 64] over dim 2 (4 lanes per element)
@@ -171,25 +101,25 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   float acc0[1][2][2][4] = {};  // acc_sum[1, 32, 64]
   float acc1[1][1][2] = {};  // acc_sum_last[1, 32, 1]
 #pragma unroll 1
-  for (int it = 0; it < 32; ++it) {
-    mg_cp_async_wait_group<5>();  // this iteration's tiles landed
+  for (int it = 0; it < 4; ++it) {
+    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    MG_SPTR(mg_half) const sm1c = sm1 + it % 7 * 2048;
-    MG_SPTR(mg_half) const sm2c = sm2 + it % 7 * 2048;
-    // prefetch the input tiles of iteration it + 6
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 2 * 2048;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 2 * 2048;
+    // prefetch the input tiles of iteration it + 1
     {
-      const int itn = it + 6 < 32 ? it + 6 : 31, nbytes = it + 6 < 32 ? 16 : 0;
+      const int itn = it + 1 < 4 ? it + 1 : 3, nbytes = it + 1 < 4 ? 16 : 0;
       // cp.async 256 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 2; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 6) % 7 * 2048)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)itn * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm1 + (it + 1) % 2 * 2048)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)itn * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8), nbytes);
       }
       // cp.async 256 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 2; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 6) % 7 * 2048)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm2 + (it + 1) % 2 * 2048)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8), nbytes);
       }
       mg_cp_async_commit();
     }
@@ -343,15 +273,15 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     if (t4_ == 0) mg_ws[ws_ + sp_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc1[bi][mi][h];
   }
   mg_syncthreads();
-  // count this CTA in; the last of the 4 finishes the block
+  // count this CTA in; the last of the 32 finishes the block
   mg_threadfence();  // this CTA's partials are visible to the others before it counts in
   mg_syncthreads();
-  if (tid == 0) sm9[0] = mg_atomic_inc(&mg_ctr[tile_]) == 3;
+  if (tid == 0) sm9[0] = mg_atomic_inc(&mg_ctr[tile_]) == 31;
   mg_syncthreads();
   // only the last CTA goes on
   if (sm9[0] == 0) return;
   mg_threadfence();
-  // combine the 4 partial states in split order: acc_sum[1, 32, 64], acc_sum_last[1, 32, 1]
+  // combine the 32 partial states in split order: acc_sum[1, 32, 64], acc_sum_last[1, 32, 1]
   for (int bi = 0; bi < 1; ++bi)
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
@@ -360,7 +290,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 0 + (((bi * 2 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
+    for (int k_ = 0; k_ < 32; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 0 + (((bi * 2 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
     acc0[bi][mi][ni][q] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -368,7 +298,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]);
+    for (int k_ = 0; k_ < 32; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]);
     acc1[bi][mi][h] = p_;
   }
   if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch

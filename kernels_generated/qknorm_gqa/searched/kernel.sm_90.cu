@@ -4,41 +4,41 @@
 MG_DEVICE float mg_square(float x) { return x * x; }
 MG_DEVICE float mg_cast_f16(float x) { return mg_h2f(mg_f2h(x)); }
 
-// mg_kernel0: grid (2, 8, 1) x 128 threads, forloop 128; 73856 bytes of dynamic shared memory
-//   sm1 [0, 32768) input 1 tile [1, 64, 32] x 8 stages
+// mg_kernel0: grid (2, 8, 1) x 128 threads, forloop 128; 49280 bytes of dynamic shared memory
+//   sm1 [0, 20480) input 1 tile [1, 64, 32] x 5 stages
 //   sm9 [0, 16) whether this CTA finishes the block
 //   sm10 [0, 128) acc_sum_last[1, 32, 1] (fp32)
-//   sm2 [32768, 65536) input 2 tile [1, 32, 64] x 8 stages
-//   sm0 [65536, 69632) input 0 tile [1, 32, 64]
-//   sm6 [65536, 69632) rms_norm[1, 64, 32] as f16 operand B
-//   sm7 [65536, 67584) thread[1, 32, 32] as f16 operand A
-//   sm8 [65536, 65792) row partials of 2 warps
-//   sm4 [69632, 69760) rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
-//   sm5 [69632, 73728) cast[1, 32, 64] as f16 operand A
-//   sm3 [73728, 73856) rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
+//   sm2 [20480, 40960) input 2 tile [1, 32, 64] x 5 stages
+//   sm0 [40960, 45056) input 0 tile [1, 32, 64]
+//   sm6 [40960, 45056) rms_norm[1, 64, 32] as f16 operand B
+//   sm7 [40960, 43008) thread[1, 32, 32] as f16 operand A
+//   sm8 [40960, 41216) row partials of 2 warps
+//   sm4 [45056, 45184) rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
+//   sm5 [45056, 49152) cast[1, 32, 64] as f16 operand A
+//   sm3 [49152, 49280) rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z();  // which of the 8 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [1, 32, 64]
+  const int sp_ = mg_bid_z();  // which of the 16 CTAs of the loop
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 40960);  // input 0 tile [1, 32, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 2048;  // block's tile origin
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 32] x 8 stages
-  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 512;  // block's tile origin
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 32, 64] x 8 stages
-  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 32768;  // block's tile origin
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 32] x 5 stages
+  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 256;  // block's tile origin
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 20480);  // input 2 tile [1, 32, 64] x 5 stages
+  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 16384;  // block's tile origin
   const int q4g = tid / 4, q4l = tid % 4;  // groups of 4 lanes
-  MG_SPTR(float) const sm3 = (float*)(smem + 73728);  // rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
-  MG_SPTR(float) const sm4 = (float*)(smem + 69632);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
-  MG_SPTR(mg_half) const sm5 = (mg_half*)(smem + 69632);  // cast[1, 32, 64] as f16 operand A
+  MG_SPTR(float) const sm3 = (float*)(smem + 49152);  // rsqrt(mean(x^2)) of rms_norm[1, 32, 64]
+  MG_SPTR(float) const sm4 = (float*)(smem + 45056);  // rsqrt(mean(x^2)) of rms_norm[1, 64, 32]
+  MG_SPTR(mg_half) const sm5 = (mg_half*)(smem + 45056);  // cast[1, 32, 64] as f16 operand A
   const int f0b = warp / 4 * 1, f0m = warp / 2 % 2 * 16, f0n = warp % 2 * 16;  // [1,32,32] on 1x2x2 warps
   unsigned qa0[1][4][1][4];  // A fragments of cast[1, 32, 64], kept in registers across the loop
-  MG_SPTR(mg_half) const sm6 = (mg_half*)(smem + 65536);  // rms_norm[1, 64, 32] as f16 operand B
-  MG_SPTR(mg_half) const sm7 = (mg_half*)(smem + 65536);  // thread[1, 32, 32] as f16 operand A
+  MG_SPTR(mg_half) const sm6 = (mg_half*)(smem + 40960);  // rms_norm[1, 64, 32] as f16 operand B
+  MG_SPTR(mg_half) const sm7 = (mg_half*)(smem + 40960);  // thread[1, 32, 32] as f16 operand A
   const int f1m = warp / 4 % 1 * 32, f1n = warp % 4 * 16;  // [1,32,64] on 1x1x4 warps
-  MG_SPTR(float) const sm8 = (float*)(smem + 65536);  // row partials of 2 warps
+  MG_SPTR(float) const sm8 = (float*)(smem + 40960);  // row partials of 2 warps
   const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 8 * 0);  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 16896;  // its partials
+  const long long ws_ = (long long)tile_ * 33792;  // its partials
   MG_SPTR(int) const sm9 = (int*)(smem + 0);  // whether this CTA finishes the block
   MG_SPTR(float) const sm10 = (float*)(smem + 0);  // acc_sum_last[1, 32, 1] (fp32)
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 2048;  // output 0 tile origin
@@ -106,49 +106,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     mg_cp_async16(&(sm2 + 6144)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)3 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
   }
   mg_cp_async_commit();
-  // stage 4 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 8192)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)4 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)4 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  // stage 5 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 10240)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)5 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 10240)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)5 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  // stage 6 of the loop's input tiles
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 12288)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)6 * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8));
-  }
-  // cp.async 256 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 2; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 12288)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)6 * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8));
-  }
-  mg_cp_async_commit();
-  mg_cp_async_wait_group<7>();
+  mg_cp_async_wait_group<4>();
   mg_syncthreads();
   float v0[1];
   // reduce input[1, 32, 64] over dim 2 (4 lanes per element)
@@ -185,25 +143,25 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   float acc0[1][2][2][4] = {};  // acc_sum[1, 32, 64]
   float acc1[1][1][2] = {};  // acc_sum_last[1, 32, 1]
 #pragma unroll 1
-  for (int it = 0; it < 16; ++it) {
-    mg_cp_async_wait_group<6>();  // this iteration's tiles landed
+  for (int it = 0; it < 8; ++it) {
+    mg_cp_async_wait_group<3>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    MG_SPTR(mg_half) const sm1c = sm1 + it % 8 * 2048;
-    MG_SPTR(mg_half) const sm2c = sm2 + it % 8 * 2048;
-    // prefetch the input tiles of iteration it + 7
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 5 * 2048;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 5 * 2048;
+    // prefetch the input tiles of iteration it + 4
     {
-      const int itn = it + 7 < 16 ? it + 7 : 15, nbytes = it + 7 < 16 ? 16 : 0;
+      const int itn = it + 4 < 8 ? it + 4 : 7, nbytes = it + 4 < 8 ? 16 : 0;
       // cp.async 256 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 2; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 7) % 8 * 2048)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)itn * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm1 + (it + 4) % 5 * 2048)[((e_ / 4)) * 32 + e_ % 4 * 8], p1 + (sm1g + (long long)itn * 32 + ((e_ / 4)) * 4096 + e_ % 4 * 8), nbytes);
       }
       // cp.async 256 x 16 B
 #pragma unroll
       for (int i_ = 0; i_ < 2; ++i_) {
         const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 7) % 8 * 2048)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8), nbytes);
+        mg_cp_async16_zfill(&(sm2 + (it + 4) % 5 * 2048)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 2048 + ((e_ / 8)) * 64 + e_ % 8 * 8), nbytes);
       }
       mg_cp_async_commit();
     }
@@ -357,15 +315,15 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     if (t4_ == 0) mg_ws[ws_ + sp_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc1[bi][mi][h];
   }
   mg_syncthreads();
-  // count this CTA in; the last of the 8 finishes the block
+  // count this CTA in; the last of the 16 finishes the block
   mg_threadfence();  // this CTA's partials are visible to the others before it counts in
   mg_syncthreads();
-  if (tid == 0) sm9[0] = mg_atomic_inc(&mg_ctr[tile_]) == 7;
+  if (tid == 0) sm9[0] = mg_atomic_inc(&mg_ctr[tile_]) == 15;
   mg_syncthreads();
   // only the last CTA goes on
   if (sm9[0] == 0) return;
   mg_threadfence();
-  // combine the 8 partial states in split order: acc_sum[1, 32, 64], acc_sum_last[1, 32, 1]
+  // combine the 16 partial states in split order: acc_sum[1, 32, 64], acc_sum_last[1, 32, 1]
   for (int bi = 0; bi < 1; ++bi)
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
@@ -374,7 +332,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float p_ = 0.0f;
-    for (int k_ = 0; k_ < 8; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 0 + (((bi * 2 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
+    for (int k_ = 0; k_ < 16; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 0 + (((bi * 2 + mi) * 2 + ni) * 4 + q) * 128 + tid]);
     acc0[bi][mi][ni][q] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -382,7 +340,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p_ = 0.0f;
-    for (int k_ = 0; k_ < 8; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]);
+    for (int k_ = 0; k_ < 16; ++k_) p_ = p_ + mg_ldcg(&mg_ws[ws_ + k_ * 2112 + 2048 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]);
     acc1[bi][mi][h] = p_;
   }
   if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
