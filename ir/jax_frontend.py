@@ -892,8 +892,11 @@ def _moves_computed_dims(v: View, slots) -> bool:
     """Whether arranging `v` in `slots` transposes a computed tensor (not a view of an input or
     an index): a copy, where a view of an input is free."""
     mapped = [slots.index(label) for label in v.labels if label is not None and label in slots]
-    if mapped == sorted(mapped):
-        return False
+    return mapped != sorted(mapped) and _computed(v)
+
+
+def _computed(v: View) -> bool:
+    """Whether `v` is a computed tensor, not a strided view of an input, an iota or a table."""
     root = strided_view(v.node)
     return root is None or root.root.op not in (KOp.INPUT, KOp.IOTA, KOp.TABLE)
 
@@ -922,11 +925,11 @@ def _computed_vector_on_the_right(dims, lhs: View, rhs: View) -> bool:
     step's probs) against a left operand with several: it goes on the left, probs @ V, the form
     the search's attention structures take (jnp.einsum emits dot_general(V, probs))."""
     (lc, rc), (lb, rb) = dims
-    free = lambda v, c, b: math.prod(n for d, n in enumerate(v.shape) if d not in (*c, *b))  # noqa: E731
-    if not free(rhs, rc, rb) == 1 < free(lhs, lc, lb):
-        return False
-    root = strided_view(rhs.node)
-    return root is None or root.root.op not in (KOp.INPUT, KOp.IOTA, KOp.TABLE)
+    return _free_elements(rhs, rc, rb) == 1 < _free_elements(lhs, lc, lb) and _computed(rhs)
+
+
+def _free_elements(v: View, contracting, batch) -> int:
+    return math.prod(n for d, n in enumerate(v.shape) if d not in (*contracting, *batch))
 
 
 def lift_dot_general(eqn, lhs, rhs):

@@ -6,8 +6,8 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from mugraph.search.cache import (CorruptEntry, ResultCache, make_entry, read_entry, search_key)
 from mugraph.ir.errors import MugraphError
+from mugraph.search.cache import (CorruptEntry, ResultCache, make_entry, read_entry, search_key)
 
 
 @dataclass(frozen=True)

@@ -306,3 +306,7 @@ def test_a_boolean_jax_computes_enters_the_region_that_uses_it(cache):
             assert_matches(fn(x, w, jnp.int32(length)), jax.jit(f)(x, w, jnp.int32(length)))
     (program,) = fn.kernels.values()
     assert "(1 fused, 0 kept as JAX)" in str(program.report), str(program.report)
+    for length in (37, 1):   # the host paths feed the boolean the same way
+        want = jax.jit(_zeroed_past_length)(x, w, jnp.int32(length))
+        assert_matches(program.run_reference(x, w, jnp.int32(length)), want)
+        assert_matches(program.run_on_cpu(x, w, jnp.int32(length)), want)
