@@ -227,7 +227,8 @@ def _mode_method(label: str, modes: list, fl: FloatResult) -> MethodResult:
     w = worst.worst
     tolerance = worst.tolerances[w.output]
     counted = f"; {worst.counted()}" if hasattr(worst, "counted") else ""
-    detail = (w.message or f"relative error {w.error:.2g} per element, tolerance "
+    beyond = " beyond the program's own rounding budget" if getattr(w, "beyond_budget", False) else ""
+    detail = (w.message or f"relative error {w.error:.2g} per element{beyond}, tolerance "
               f"{tolerance:g}{against}") + counted
     if worst.passed and not getattr(worst, "ran", True):
         return MethodResult(label, "not established", f"compared no element{against}")

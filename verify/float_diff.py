@@ -74,6 +74,7 @@ class Difference:
     skipped: int = 0               # elements not compared (see the module docstring)
     compared: int = 0              # elements compared
     magnitude: float | None = None  # the worst element's magnitude (what its error is relative to)
+    beyond_budget: bool = False    # the error is what lies beyond the program's own rounding budget
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ class ModeResult:
         if w.magnitude is not None and w.index is not None and w.message is None:
             where += f" (magnitude {w.magnitude:.3g})"
         tolerance = self.tolerances[w.output]
-        detail = w.message or f"relative error {w.error:.3g} (tolerance {tolerance:g})"
+        beyond = " beyond the program's own rounding budget" if w.beyond_budget else ""
+        detail = w.message or f"relative error {w.error:.3g}{beyond} (tolerance {tolerance:g})"
         return f"{detail}{where}; {self.counted()}"
 
     def counted(self) -> str:
@@ -331,7 +333,7 @@ def compare(expected, got, output: int = 0, skip=None, floor: float = TINY, magn
     scale = None if magnitude is None else float(np.broadcast_to(magnitude, errors.shape)[index])
     return Difference(float(errors.flat[flat]) if errors.size else 0.0, output, index,
                       float(expected[index]), float(got[index]), skipped=skipped,
-                      compared=compared, magnitude=scale)
+                      compared=compared, magnitude=scale, beyond_budget=budget is not None)
 
 
 def _nonfinite_mismatch(expected, got, output: int) -> Difference | None:

@@ -107,3 +107,15 @@ def test_a_table_of_stored_constants_is_exact():
     (out,) = run(graph, [x])
     np.testing.assert_allclose(out.v, x * table.astype(np.float64) + 1.0)
     np.testing.assert_array_less(0.0, out.magnitude() + (out.v == 0))
+
+
+def test_an_error_measured_beyond_the_rounding_budget_says_so():
+    """With a rounding budget the reported error is what lies beyond it: a value that differs
+    within the budget reports 0, and the words say "beyond the program's own rounding budget"."""
+    from mugraph.verify.float_diff import ModeResult, compare
+    within = compare(np.array([81.508]), np.array([81.511]), budget=np.array([0.01]))
+    assert within.error == 0.0 and within.beyond_budget
+    plain = compare(np.array([81.508]), np.array([81.511]))
+    assert plain.error > 0 and not plain.beyond_budget
+    text = ModeResult("float64", True, within, (1e-9,), 0.0).detail()
+    assert text.startswith("relative error 0 beyond the program's own rounding budget")
