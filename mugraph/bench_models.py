@@ -4,7 +4,8 @@ program of regions, with what limits it.
 Per layer: equations lifted (of those that are not constant-only), regions, fused regions,
 regions kept as JAX and why, steps only JAX runs, the estimated end-to-end time of the stitched
 program against the XLA-like baseline of the whole program (`search.baseline`, at its launch
-cost) and against the unfused program, the verdict of the whole-program check, the cold compile
+cost) and against the unfused program, the ceiling (the baseline over the lifted program's
+roofline plus the JAX-only steps: no stitched program is estimated faster), the verdict of the whole-program check, the cold compile
 time (a fresh cache folder unless --cache is given) and the warm one (the same call again: every
 region from the cache, re-verified). `--stack N` also compiles N identical layers in sequence
 (each with its own parameters; a decode step also with its own KV caches) after the single
@@ -31,6 +32,7 @@ class Row:
     stitched_us: float | None = None
     xla_us: float | None = None
     speedup: float | None = None
+    ceiling: float | None = None
     vs_unfused: float | None = None
     check: str = ""
     cold_s: float | None = None
@@ -102,6 +104,9 @@ def _fill(row: Row, program) -> None:
         row.stitched_us = program.result.best_candidate.seconds * 1e6
         row.xla_us = program.result.xla_estimate.seconds * 1e6
         row.vs_unfused = program.result.speedup_vs_unfused
+        bound = program.result.report.roofline
+        if bound is not None and bound.seconds:
+            row.ceiling = program.result.xla_estimate.seconds / bound.seconds
         row.check = "EQUIVALENT" if program.report.verification.equivalent else "?"
         return
     report = program.report
@@ -114,6 +119,7 @@ def _fill(row: Row, program) -> None:
     row.stitched_us = None if e.stitched is None else e.stitched * 1e6
     row.xla_us = None if e.baseline is None else e.baseline * 1e6
     row.speedup, row.vs_unfused = e.speedup, e.speedup_vs_unfused
+    row.ceiling = e.ceiling
     row.check = program.check.status if program.check is not None else ""
     reasons: dict = {}
     for _, why in report.kept_as_jax:
@@ -125,6 +131,7 @@ def _fill(row: Row, program) -> None:
 COLUMNS = [("layer", 18, "{}"), ("dims", 5, "{}"), ("lifted", 13, "{}"), ("regions", 7, "{}"),
            ("fused", 5, "{}"), ("kept_jax", 8, "{}"), ("jax_steps", 9, "{}"),
            ("stitched_us", 11, "{:.2f}"), ("xla_us", 9, "{:.2f}"), ("speedup", 7, "{:.2f}x"),
+           ("ceiling", 7, "{:.2f}x"),
            ("vs_unfused", 10, "{:.2f}x"), ("check", 14, "{}"), ("cold_s", 7, "{:.1f}"),
            ("warm_s", 7, "{:.1f}")]
 

@@ -78,7 +78,10 @@ class ProgramReport:
                 f"would launch, fusing across the regions' edges; both sides charged the launches jax.jit "
                 f"pays: from C++, command buffers for runs of {_runs(target)}+ kernels): "
                 f"{e.speedup:.2f}x{unfused}; "
-                f"steps only JAX runs are charged {e.jax_only * 1e6:.2f} us on both sides")
+                f"steps only JAX runs are charged {e.jax_only * 1e6:.2f} us on both sides"
+                + (f"; no stitched program can be estimated above {e.ceiling:.2f}x (the lifted "
+                   f"program's roofline, {(e.floor - e.jax_only) * 1e6:.2f} us, plus those steps)"
+                   if e.ceiling else ""))
 
     def _search_line(self) -> str:
         p = self.program

@@ -27,7 +27,7 @@ from mugraph.ir.errors import MugraphError
 from mugraph.ir.ops import KOp
 from mugraph.search.baseline import xla_estimate
 from mugraph.search.classify import PROGRAM_OUTPUT
-from mugraph.search.cost import estimate, fused_kernel
+from mugraph.search.cost import estimate, fused_kernel, roofline
 from mugraph.search.partition import Partition, Region, lift_region
 
 
@@ -228,6 +228,18 @@ class Estimates:
     unfused: float | None          # one library launch per lifted op
     jax_only: float                # steps only JAX runs, charged alike on both sides
     note: str = ""
+    floor: float | None = None     # the lifted program's roofline (its inputs read and outputs
+                                   # written once at peak HBM bandwidth, or its essential FLOPs at
+                                   # the tensor-core peak, one launch) + the JAX-only steps: no
+                                   # stitched program doing the program's work is estimated below it
+
+    @property
+    def ceiling(self) -> float | None:
+        """The largest speedup over the baseline any stitched program could be estimated at:
+        baseline / floor (a target above it cannot be met under this model)."""
+        if not self.floor or self.baseline is None:
+            return None
+        return self.baseline / self.floor
 
     @property
     def speedup(self) -> float | None:
@@ -254,7 +266,9 @@ def whole_estimates(p: Partition, outcomes: list, target: str) -> Estimates:
     unfused = estimate(whole, target).seconds if whole is not None else 0.0
     rest_s = xla_estimate(rest, target).seconds if rest is not None else 0.0
     kernels = sum(o.kernel_s for o in fused)
-    return Estimates(kernels + rest_s + jax_only, base + jax_only, unfused + jax_only, jax_only)
+    floor = roofline(whole, target).seconds if whole is not None else 0.0
+    return Estimates(kernels + rest_s + jax_only, base + jax_only, unfused + jax_only, jax_only,
+                     floor=floor + jax_only)
 
 
 MAX_ESTIMATES = 40      # whole-program estimates spent choosing which regions stay fused ...

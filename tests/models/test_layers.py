@@ -272,6 +272,7 @@ def test_bench_models_prints_a_row_per_layer(tmp_path, capsys):
     (row,) = json.loads(out.read_text())
     assert row["layer"] == "soft_moe" and row["lifted"].startswith("24/24")
     assert row["speedup"] >= 1.0 and row["cold_s"] > 0 and row["warm_s"] > 0
+    assert row["ceiling"] >= row["speedup"] and "ceiling" in text
     assert cli(["bench", "models", "--layers", "nope"]) == 2
 
 

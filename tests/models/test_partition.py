@@ -230,6 +230,10 @@ def test_never_slower_returns_regions_to_jax_until_the_whole_is_no_slower():
     assert all(o.reason for o in kept if not o.fused)
     nothing = whole_estimates(part, [Outcome(r, False) for r in part.regions], "h100")
     assert nothing.stitched == pytest.approx(nothing.baseline)      # all JAX: fn itself, 1.0x
+    # the ceiling: the whole lifted program's roofline; no stitching here goes below it
+    for e in (before, after, nothing):
+        assert e.floor <= e.stitched and e.ceiling >= e.speedup
+    assert nothing.ceiling > 1.0
 
 
 def test_the_program_picture_has_a_box_per_row_and_an_edge_per_read():
