@@ -16,12 +16,14 @@ The rules, in order:
   holds fewer warps than processing blocks), of its loop's instructions (``issue.trip_clocks`` on one warp's
   instructions per trip, counted from the one-stage lowering), of the bytes it pulls from L2 at the rate its
   resident CTAs' bytes in flight sustain (Little's law, at most ``sm_fill_rate``) and of the loop's HBM bytes at
-  the rate the SMs the grid covers pull, plus the combine's tail (the hand-over and the last CTA's read of every
-  partial). More CTAs put more SMs to work; more partials lengthen the tail; an SM given 2 CTAs while others
-  hold 1 finishes last.
-* stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
-  at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
-  below two).
+  the rate all SMs pull together (``grid_fill_rate``: an SM holding one CTA fewer pulls less), plus the combine's
+  tail (``split_tail``: the hand-over and the last CTA's read of every partial), each split weighed at the stages
+  and path it then runs with. More CTAs put more SMs to work; more partials lengthen the tail; an SM given 2 CTAs
+  while others hold 1 finishes last.
+* stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each on cp.async, every stage on TMA)
+  reach the arch's total times the loop's L2 -> SM bytes over its HBM bytes (tiles every block re-reads, as X in
+  X @ W, add to each SM's loads but not to HBM's), at most one per loop trip and ``arch.max_stages``, within
+  shared memory for the CTAs an SM holds (never below two).
 * path (sm_90a): the schedule above for the cp.async + mma.sync code and for Hopper's (a TMA pipeline with a
   producer warpgroup, wgmma where a product fits it) when that differs; the one ``hopper_model`` estimates
   faster runs (a tie keeps cp.async + mma.sync).

@@ -18,7 +18,9 @@ streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the 
       waves = ceil(C / (S*b)),  n = ceil(C / S) CTAs on the busiest SM,  util = C / (n*S)
       fill  = min(SM_fill_BW, min(n, b) x F / latency)     one SM's loads (Little's law), the latency loaded
               when the grid's bytes in flight could keep HBM busy at it, else idle
-      rate  = min(BW, min(C, S) x fill)                    SM coverage: idle SMs pull nothing
+      rate  = min(BW, sum over SMs of min(SM_fill_BW, its CTAs x F / latency))
+                                                           SM coverage: idle SMs pull nothing, and where C is
+                                                           not a multiple of S some SMs hold one CTA fewer
       t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / fill)
       t_compute = max((tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes, t_issue)
   lanes = min(1, warps one SM holds / its processing blocks): a warp issues on one processing block (its
