@@ -11,7 +11,7 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
-* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first
+* loops with tensor-core work: among all S that fit, the one whose busiest SM finishes first
   (``split_loop_seconds``): the largest of its share of the products (at the mma.sync rate, scaled down when it
   holds fewer warps than processing blocks), of its loop's instructions (``issue.trip_clocks`` on one warp's
   instructions per trip, counted from the one-stage lowering), of the bytes it pulls from L2 at the rate its
@@ -274,7 +274,7 @@ def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, s
         return streaming
     busy = lambda d: split_loop_seconds(d, blocks, forloop, arch, state_bytes, stage_bytes, smem_one, flops,  # noqa
                                         hbm_bytes, warps, ops, room, tma)
-    return min([d for d in fits if d >= streaming] or [streaming], key=lambda d: (busy(d), d))
+    return min(fits or [streaming], key=lambda d: (busy(d), d))
 
 
 def split_loop_seconds(d: int, blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
@@ -293,7 +293,8 @@ def split_loop_seconds(d: int, blocks: int, forloop: int, arch: ArchSpec, state_
                          tma)
     by_smem = max(1, (arch.smem_per_sm - 1024) // max(1, smem_one + (stages - 1) * stage_bytes + 1024))
     resident = min(per_sm, by_smem, room or by_smem)
-    cta_rate = _cta_in_flight(stages, trips, stage_bytes, tma) / arch.latency_s
+    cta_in_flight = _cta_in_flight(stages, trips, stage_bytes, tma)
+    cta_rate = cta_in_flight / _latency(arch, min(ctas, by_smem * arch.sm_count) * cta_in_flight)
     fill = min(arch.sm_fill_rate, resident * cta_rate)
     rate = min(arch.hbm_rate, grid_fill_rate(ctas, arch.sm_count, resident, cta_rate, arch.sm_fill_rate))
     mma = arch.mma_rate * min(1.0, resident * warps / arch.subpartitions)  # a warp keeps one tensor core busy
@@ -303,6 +304,12 @@ def split_loop_seconds(d: int, blocks: int, forloop: int, arch: ArchSpec, state_
         issue = ceil_div(per_sm, resident) * trips * trip_seconds(clocks, arch.clock_hz)
     loop = max(per_sm * flops * trips / mma, per_sm * trips * stage_bytes / fill, hbm_bytes / rate, issue)
     return loop + split_tail(d, state_bytes, arch.handoff_s, arch.sm_fill_rate)
+
+
+def _latency(arch: ArchSpec, grid_in_flight: float) -> float:
+    """The latency the loads see: loaded when the grid keeps enough in flight to load HBM, else idle (as the cost
+    model's ``_fill_rates``)."""
+    return arch.latency_s if grid_in_flight >= arch.hbm_rate * arch.latency_s else arch.idle_latency_s
 
 
 def split_tail(splits: int, state_bytes: int, handoff_s: float, sm_rate: float) -> float:
