@@ -38,6 +38,7 @@ class ArchSpec:
     mma_rate: float = 0.0    # tensor-core FLOP/s of one SM with mma.sync
     handoff_s: float = 0.0   # a split loop's hand-over: partials fenced, counted in, first read (s)
     latency_s: float = 1.0   # the latency a load sees while HBM streams (s): in flight / latency = rate
+    idle_latency_s: float = 1.0  # ... while the grid keeps too little in flight to load HBM (s)
     subpartitions: int = 4   # processing blocks per SM: fewer resident warps leave tensor cores idle
     max_stages: int = MAX_STAGES
     smem_align: int = 128    # every shared buffer starts on a 128-byte line (swizzles assume it)
@@ -64,7 +65,7 @@ def _spec(name: str, limit: int, threads: int) -> ArchSpec:
                     inflight_per_sm=int(inflight),
                     hbm_rate=c["hbm_bandwidth"] * c["hbm_efficiency"], sm_fill_rate=c["sm_load_bandwidth"],
                     mma_rate=c["mma_sync_flops"] / c["sm_count"], handoff_s=c["hbm_latency_s"],
-                    latency_s=c["loaded_latency_s"], subpartitions=int(c["sm_subpartitions"]),
+                    latency_s=c["loaded_latency_s"], idle_latency_s=c["hbm_latency_s"], subpartitions=int(c["sm_subpartitions"]),
                     issue=IssueUnits.of(c))
 
 

@@ -11,17 +11,19 @@ The rules, in order:
   can pull the bandwidth (``sm_fill_rate`` each); only S whose combine (the last CTA reads S partial states)
   reads no more than one split streams from its inputs; if none streams at full rate, the one that keeps the
   most bytes in flight.
-* loops with tensor-core work: among S no smaller than that choice, the one whose busiest SM finishes first
+* loops with tensor-core work: among all S that fit, the one whose busiest SM finishes first
   (``split_loop_seconds``): the largest of its share of the products (at the mma.sync rate, scaled down when it
   holds fewer warps than processing blocks), of its loop's instructions (``issue.trip_clocks`` on one warp's
   instructions per trip, counted from the one-stage lowering), of the bytes it pulls from L2 at the rate its
   resident CTAs' bytes in flight sustain (Little's law, at most ``sm_fill_rate``) and of the loop's HBM bytes at
-  the rate the SMs the grid covers pull, plus the combine's tail (the hand-over and the last CTA's read of every
-  partial). More CTAs put more SMs to work; more partials lengthen the tail; an SM given 2 CTAs while others
-  hold 1 finishes last.
-* stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each) reach the arch's total,
-  at most one per loop trip and ``arch.max_stages``, within shared memory for the CTAs an SM holds (never
-  below two).
+  the rate all SMs pull together (``grid_fill_rate``: an SM holding one CTA fewer pulls less), plus the combine's
+  tail (``split_tail``: the hand-over and the last CTA's read of every partial), each split weighed at the stages
+  and path it then runs with. More CTAs put more SMs to work; more partials lengthen the tail; an SM given 2 CTAs
+  while others hold 1 finishes last.
+* stages: enough that the CTAs' loop-walked tiles in flight ((stages - 1) each on cp.async, every stage on TMA)
+  reach the arch's total times the loop's L2 -> SM bytes over its HBM bytes (tiles every block re-reads, as X in
+  X @ W, add to each SM's loads but not to HBM's), at most one per loop trip and ``arch.max_stages``, within
+  shared memory for the CTAs an SM holds (never below two).
 * path (sm_90a): the schedule above for the cp.async + mma.sync code and for Hopper's (a TMA pipeline with a
   producer warpgroup, wgmma where a product fits it) when that differs; the one ``hopper_model`` estimates
   faster runs (a tie keeps cp.async + mma.sync).
@@ -152,8 +154,8 @@ def plan_path(bg: BlockGraph, arch: ArchSpec, measure, path: str) -> KernelSched
     state = state_of(bg, arch, ir) if arch.split_loops else 0
     splits = choose_splits(bg.num_blocks, bg.forloop, arch, state, stage_bytes, plan.total_bytes,
                            trip_flops(bg), _loop_hbm_bytes(bg), bg.threads // 32, _trip_ops(bg, ir, plan, state),
-                           _room(arch, ir.block_threads, _registers(ir)))
-    stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes)
+                           _room(arch, ir.block_threads, _registers(ir)), ir.pipeline is not None)
+    stages = choose_stages(bg, arch, splits, stage_bytes, plan.total_bytes, ir.pipeline is not None)
     stages, smem, state, regs = figures_at(bg, arch, ir, plan, stages, splits)
     s = KernelSchedule(arch.name, bg.grid, ir.block_threads, bg.forloop, splits, stages, stage_bytes, invariant,
                        smem, state, regs, ir.path, ir.pipeline is not None, ir.async_reads, trip_flops(bg),
@@ -256,11 +258,13 @@ def _loop_hbm_bytes(bg: BlockGraph) -> int:
 
 
 def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
-                  smem_one: int, flops: int = 0, hbm_bytes: int = 0, warps: int = 4, ops=None, room: int = 0) -> int:
+                  smem_one: int, flops: int = 0, hbm_bytes: int = 0, warps: int = 4, ops=None, room: int = 0,
+                  tma: bool = False) -> int:
     """CTAs per block loop (the module docstring's rule); ``smem_one``: one CTA's footprint at one stage;
     ``flops``: the tensor-core FLOPs of one block's loop trip; ``hbm_bytes``: what the loop brings from HBM;
     ``warps``: per CTA; ``ops``: one warp's instructions per trip (``issue.TripOps``, from the lowering);
-    ``room``: the CTAs an SM's threads and registers hold (0: no limit beyond shared memory)."""
+    ``room``: the CTAs an SM's threads and registers hold (0: no limit beyond shared memory); ``tma``: the loop's
+    tiles land by TMA (every stage in flight, not all but one)."""
     if not arch.split_loops or forloop < 2 or not state_bytes or not stage_bytes:
         return 1
     fits = [d for d in range(1, forloop + 1) if forloop % d == 0 and
@@ -269,30 +273,68 @@ def choose_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, s
     if not flops or not arch.mma_rate:
         return streaming
     busy = lambda d: split_loop_seconds(d, blocks, forloop, arch, state_bytes, stage_bytes, smem_one, flops,  # noqa
-                                        hbm_bytes, warps, ops, room)
-    return min([d for d in fits if d >= streaming] or [streaming], key=lambda d: (busy(d), d))
+                                        hbm_bytes, warps, ops, room, tma)
+    return min(fits or [streaming], key=lambda d: (busy(d), d))
 
 
 def split_loop_seconds(d: int, blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
-                       smem_one: int, flops: int, hbm_bytes: int, warps: int, ops=None, room: int = 0) -> float:
+                       smem_one: int, flops: int, hbm_bytes: int, warps: int, ops=None, room: int = 0,
+                       tma: bool = False) -> float:
     """The busiest SM's loop with each block's loop split over ``d`` CTAs, then the combine's tail: the largest of
     its products, its instructions (``issue.trip_clocks``), its L2 -> SM fill at the rate its resident CTAs' bytes
-    in flight sustain (Little's law, at most ``sm_fill_rate``) and HBM at the rate the SMs the grid covers pull."""
+    in flight sustain (Little's law, at most ``sm_fill_rate``; the pipeline ``choose_stages`` gives that split)
+    and HBM at the rate all SMs pull together (``grid_fill_rate``: an SM holding one CTA fewer pulls less).
+    The busiest SM holds ``ceil(blocks * d / SMs)`` CTAs: its share of the loop's L2 -> SM bytes (HBM's tiles and
+    the tiles every block re-reads from L2) is that many CTAs' worth."""
     from mugraph.codegen.issue import trip_clocks, trip_seconds
     ctas, trips = blocks * d, forloop // d
     per_sm = ceil_div(ctas, arch.sm_count)
-    stages = _deepest(ctas, trips, arch, stage_bytes, smem_one, arch.max_stages)
+    stages = _stages_for(ctas, trips, arch, stage_bytes, smem_one, _reread(blocks, forloop, stage_bytes, hbm_bytes),
+                         tma)
     by_smem = max(1, (arch.smem_per_sm - 1024) // max(1, smem_one + (stages - 1) * stage_bytes + 1024))
     resident = min(per_sm, by_smem, room or by_smem)
-    fill = min(arch.sm_fill_rate, resident * max(1, stages - 1) * stage_bytes / arch.latency_s)
-    rate = min(arch.hbm_rate, min(ctas, arch.sm_count) * fill)
+    cta_in_flight = _cta_in_flight(stages, trips, stage_bytes, tma)
+    cta_rate = cta_in_flight / _latency(arch, min(ctas, by_smem * arch.sm_count) * cta_in_flight)
+    fill = min(arch.sm_fill_rate, resident * cta_rate)
+    rate = min(arch.hbm_rate, grid_fill_rate(ctas, arch.sm_count, resident, cta_rate, arch.sm_fill_rate))
     mma = arch.mma_rate * min(1.0, resident * warps / arch.subpartitions)  # a warp keeps one tensor core busy
     issue = 0.0
     if ops is not None and arch.issue is not None:
         clocks = trip_clocks(ops, resident * warps, resident, arch.issue)
         issue = ceil_div(per_sm, resident) * trips * trip_seconds(clocks, arch.clock_hz)
     loop = max(per_sm * flops * trips / mma, per_sm * trips * stage_bytes / fill, hbm_bytes / rate, issue)
-    return loop + (d > 1) * (arch.handoff_s + d * state_bytes / arch.sm_fill_rate)  # the combine's loads: L2
+    return loop + split_tail(d, state_bytes, arch.handoff_s, arch.sm_fill_rate)
+
+
+def _latency(arch: ArchSpec, grid_in_flight: float) -> float:
+    """The latency the loads see: loaded when the grid keeps enough in flight to load HBM, else idle (as the cost
+    model's ``_fill_rates``)."""
+    return arch.latency_s if grid_in_flight >= arch.hbm_rate * arch.latency_s else arch.idle_latency_s
+
+
+def split_tail(splits: int, state_bytes: int, handoff_s: float, sm_rate: float) -> float:
+    """A split block's combine after its loops: the last CTA counts in (``handoff_s``), then reads every CTA's
+    partial state from L2 at one SM's fill rate. The cost model charges the same (search/cost.py)."""
+    return (splits > 1) * (handoff_s + splits * state_bytes / sm_rate)
+
+
+def grid_fill_rate(ctas: int, sm_count: int, on_sm: int, cta_rate: float, sm_rate: float) -> float:
+    """Bytes/s the SMs' loads pull together: each SM the rate of the CTAs it holds at once (``cta_rate`` each,
+    at most ``on_sm``), at most ``sm_rate``. When ``ctas`` is not a multiple of ``sm_count`` some SMs hold one CTA
+    fewer and pull less (192 CTAs on 132 SMs: 60 SMs hold 2, 72 hold 1 -- not 132 SMs at the rate of 2)."""
+    q, r = divmod(ctas, sm_count)
+    return r * min(sm_rate, min(q + 1, on_sm) * cta_rate) + (sm_count - r) * min(sm_rate, min(q, on_sm) * cta_rate)
+
+
+def _cta_in_flight(stages: int, trips: int, stage_bytes: int, tma: bool) -> int:
+    """Bytes one CTA keeps in flight while its loop streams (as ``KernelSchedule.bytes_in_flight``)."""
+    return (min(stages, trips) if tma else max(1, min(stages, trips) - 1)) * stage_bytes
+
+
+def _reread(blocks: int, forloop: int, stage_bytes: int, hbm_bytes: int) -> float:
+    """The loop's L2 -> SM bytes over its HBM bytes: above 1 when blocks re-read tiles from L2 (every block reads
+    all of X in X @ W), so each SM pulls that much more than its share of HBM."""
+    return max(1.0, blocks * forloop * stage_bytes / hbm_bytes) if hbm_bytes else 1.0
 
 
 def _streaming_splits(blocks: int, forloop: int, arch: ArchSpec, state_bytes: int, stage_bytes: int,
@@ -329,14 +371,23 @@ def _deepest(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: 
     return max(2, stages)
 
 
-def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int, smem_one: int) -> int:
+def choose_stages(bg: BlockGraph, arch: ArchSpec, splits: int, stage_bytes: int, smem_one: int,
+                  tma: bool = False) -> int:
     """Pipeline depth by bytes in flight (the module docstring's rule); ``smem_one``: the footprint at one."""
     trips = bg.forloop // splits
     if trips < 2 or not stage_bytes:
         return 2
-    ctas = bg.num_blocks * splits
-    need = arch.inflight_per_sm * arch.sm_count / ctas  # the whole GPU's bytes in flight, shared out
-    return _deepest(ctas, trips, arch, stage_bytes, smem_one, 1 + ceil_div(int(need), stage_bytes))
+    return _stages_for(bg.num_blocks * splits, trips, arch, stage_bytes, smem_one,
+                       _reread(bg.num_blocks, bg.forloop, stage_bytes, _loop_hbm_bytes(bg)), tma)
+
+
+def _stages_for(ctas: int, trips: int, arch: ArchSpec, stage_bytes: int, smem_one: int, reread: float,
+                tma: bool = False) -> int:
+    """Stages whose bytes in flight let each CTA move its share of the loop's L2 -> SM bytes while HBM streams at
+    full rate: the GPU's bytes in flight shared out over the CTAs, times ``reread``; a cp.async pipeline has all
+    but one stage in flight, a TMA one every stage."""
+    need = arch.inflight_per_sm * arch.sm_count / ctas * reread
+    return _deepest(ctas, trips, arch, stage_bytes, smem_one, (0 if tma else 1) + ceil_div(int(need), stage_bytes))
 
 
 _ARRAY = re.compile(r"\b(?:float |unsigned )?\w+((?:\[\d+\])+)")  # a register array in a declaration

@@ -18,7 +18,9 @@ streaming kernels reach (`Target.hbm_efficiency` x peak); the roofline uses the 
       waves = ceil(C / (S*b)),  n = ceil(C / S) CTAs on the busiest SM,  util = C / (n*S)
       fill  = min(SM_fill_BW, min(n, b) x F / latency)     one SM's loads (Little's law), the latency loaded
               when the grid's bytes in flight could keep HBM busy at it, else idle
-      rate  = min(BW, min(C, S) x fill)                    SM coverage: idle SMs pull nothing
+      rate  = min(BW, sum over SMs of min(SM_fill_BW, its CTAs x F / latency))
+                                                           SM coverage: idle SMs pull nothing, and where C is
+                                                           not a multiple of S some SMs hold one CTA fewer
       t_memory  = max(hbm_bytes / rate, L2 traffic / L2_BW, n * CTA traffic / fill)
       t_compute = max((tc_flops / TC_mma_sync + simt_flops / SIMT_peak) / util / lanes, t_issue)
   lanes = min(1, warps one SM holds / its processing blocks): a warp issues on one processing block (its
@@ -56,7 +58,7 @@ from enum import Enum
 from mugraph.codegen import hopper_model
 from mugraph.codegen.arch import get_arch
 from mugraph.codegen.mma import FP32_MMA_PRODUCTS
-from mugraph.codegen.schedule import KernelSchedule, kernel_schedule
+from mugraph.codegen.schedule import KernelSchedule, grid_fill_rate, kernel_schedule, split_tail
 from mugraph.ir.block import BlockGraph, Phase
 from mugraph.ir.errors import MugraphError, ResourceError
 from mugraph.ir.graph import KernelGraph
@@ -535,14 +537,15 @@ def _cta_in_flight(s: KernelSchedule) -> int:
 def _fill_rates(s: KernelSchedule, t: Target, on_sm: int, resident: int) -> tuple[float, float]:
     """(bytes/s one SM's loads sustain, bytes/s the whole grid streams from HBM). Little's law per SM: the bytes
     its ``on_sm`` resident CTAs keep in flight over the latency they see (loaded when the grid's bytes in flight
-    could keep HBM busy, else idle), at most its L2 -> SM path; the grid: the SMs it covers at that rate, at most
-    the streaming bandwidth. A kernel that loads nothing is charged its path and the bandwidth."""
+    could keep HBM busy, else idle), at most its L2 -> SM path; the grid: every SM at the rate of the CTAs it holds
+    (``schedule.grid_fill_rate``: where the CTAs do not divide evenly over the SMs, some hold one fewer and pull
+    less), at most the streaming bandwidth. A kernel that loads nothing is charged its path and the bandwidth."""
     per_cta = _cta_in_flight(s)
     if not per_cta:
         return t.sm_load_bandwidth, _bandwidth(t)
     latency = t.loaded_latency_s if resident * per_cta >= _bandwidth(t) * t.loaded_latency_s else t.hbm_latency_s
     fill = min(t.sm_load_bandwidth, on_sm * per_cta / latency)
-    return fill, min(_bandwidth(t), min(s.ctas, t.sm_count) * fill)
+    return fill, min(_bandwidth(t), grid_fill_rate(s.ctas, t.sm_count, on_sm, per_cta / latency, t.sm_load_bandwidth))
 
 
 @dataclass(frozen=True)
@@ -597,10 +600,9 @@ def _lanes(s: KernelSchedule, t: Target, per_sm: int, busiest: int) -> float:
 
 
 def _split_tail(s: KernelSchedule, t: Target) -> float:
-    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial from L2."""
-    if s.splits == 1:
-        return 0.0
-    return t.hbm_latency_s + s.splits * s.state_bytes / t.sm_load_bandwidth
+    """The last CTA of a split block: it counts in (an L2 round trip), then reads every partial from L2 (the
+    schedule weighs splits with the same tail, ``schedule.split_tail``)."""
+    return split_tail(s.splits, s.state_bytes, t.hbm_latency_s, t.sm_load_bandwidth)
 
 
 def _launches(graph: KernelGraph):

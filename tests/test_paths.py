@@ -49,6 +49,7 @@ SEARCHED = Path(__file__).resolve().parents[1] / "kernels_generated"
 SPLIT_SHAPES = {
     "rmsnorm_linear": dict(X=(16, 2048), W=(2048, 64)),
     "gated_mlp": dict(X=(8, 1024), W1=(1024, 64), W2=(1024, 64)),
+    "lora": dict(X=(16, 1024), W=(1024, 256), A=(1024, 16), B=(16, 256)),
 }
 _ONE_TRIP_ATTENTION = dict(Q=(2, 128, 64), K=(2, 64, 128), V=(2, 128, 64))
 UNSPLIT_SHAPES = {

@@ -213,8 +213,8 @@ def test_launch_config_sets_the_cluster_attribute_only_for_a_cluster():
 def test_only_tensor_maps_or_clusters_take_the_driver_path():
     from mugraph.codegen import generate
     from mugraph import workloads
-    tma = generate(workloads.get("gqa").small().reference(), "sm_90a").plan.kernels[0]
-    plain = generate(workloads.get("gqa").small().reference(), "sm_80").plan.kernels[0]
+    tma = generate(workloads.get("gqa_safe").small().reference(), "sm_90a").plan.kernels[0]
+    plain = generate(workloads.get("gqa_safe").small().reference(), "sm_80").plan.kernels[0]
     assert runtime_cupy.needs_driver_launch(tma) and not runtime_cupy.needs_driver_launch(plain)
     assert runtime_cupy.needs_driver_launch(_launch(0, cluster=(2, 1, 1)))
 
