@@ -201,3 +201,20 @@ def hoist_unrolled(expr: str, bases: ThreadBases, decls: list[str], counters: di
     at_zero = re.sub(rf"\b(?:{'|'.join(counters)})\b", "0", expr) if counters else expr
     var, _ = bases.base(at_zero, h, exact=True)
     return render_xor_affine(var, a, b)
+
+
+def hoist_indices(text: str, bases: ThreadBases, decls: list[str], counters: dict, local: dict) -> tuple[str, bool]:
+    """``text`` with each shared-memory index rewritten by ``hoist_unrolled`` after replacing the ``local`` names
+    (name -> C expression over kernel-scope names and the counters); and whether every index was."""
+    pieces, last, every = [], 0, True
+    for start, end in _indices(text):
+        expr = text[start:end]
+        for name, value in local.items():
+            expr = re.sub(rf"\b{name}\b", f"({value})", expr)
+        hoisted = hoist_unrolled(expr, bases, decls, counters)
+        if hoisted == expr:
+            every = False
+            continue
+        pieces += [text[last:start], hoisted]
+        last = end
+    return "".join(pieces) + text[last:], every
