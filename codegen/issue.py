@@ -6,7 +6,7 @@ operation (every thread of a warp runs the same one):
 
 * MMA: ``mg_mma_*`` (one mma.sync), ``mg_wgmma_*`` (one wgmma or its fence / commit).
 * MUFU (the special-function unit): the calls ``CALLS`` lists with their MUFU share (``__expf`` is ex2 plus a
-  multiply, ``rsqrtf`` one rsq, ...), and a floating-point division (an rcp and its refinement).
+  multiply, ``mg_exp2`` the ex2 alone, ``rsqrtf`` one rsq, ...), and a floating-point division (an rcp and its refinement).
 * FP32: floating-point operators, the FP32 part of those calls, conversions, shuffles.
 * INT: the operators of address and index arithmetic (memory indices, ``const int`` lines), each distinct index
   expression of a statement once (common subexpressions), none where every operand is a constant once the loops
@@ -31,7 +31,7 @@ from typing import Mapping
 # __expf / __logf are one ex2 / lg2 and a multiply; the accurate libdevice routines (sqrtf, tanhf, erff) and the
 # composites are estimates of their length.
 CALLS = {
-    "mg_exp": (1, 1), "mg_log": (1, 1), "mg_rsqrt": (1, 0), "mg_sqrt": (1, 4), "mg_tanh": (2, 8),
+    "mg_exp": (1, 1), "mg_exp2": (1, 0), "mg_log": (1, 1), "mg_rsqrt": (1, 0), "mg_sqrt": (1, 4), "mg_tanh": (2, 8),
     "mg_erf": (1, 12), "mg_sigmoid": (2, 3), "mg_silu": (2, 4), "mg_gelu": (1, 14), "mg_pow": (2, 2),
     "mg_log1p": (1, 6), "mg_expm1": (1, 6), "mg_softplus": (2, 6),
     "mg_fmax": (0, 1), "mg_fmin": (0, 1), "mg_fabs": (0, 1), "mg_square": (0, 1), "mg_leaky_relu": (0, 2),
