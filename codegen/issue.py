@@ -78,7 +78,7 @@ class TripOps:
 
 
 # ---- counting one statement -------------------------------------------------------------------------------------
-ADDRESSED = re.compile(r"(?:\bsm\d+[cd]?|\bbb_|\ba_|\bin\d+|\bp\d+|\bout\d+|\bmg_ws|\bmg_ctr|\))\s*\[")  # memory, not registers
+ADDRESSED = re.compile(r"(?:\bsm\d+[cd]?|\bin\d+|\bp\d+|\bout\d+|\bmg_ws|\bmg_ctr|\))\s*\[")  # memory, not registers
 ADDRESS_STATEMENT = re.compile(r"\bmg_mbar_\w+\(|\bmg_cp_async16|\bmg_ldmatrix|\bmg_st\d+\(|\bmg_ldcg\(|\bmg_tma_")
 NUMBER = re.compile(r"\b\d+(?:\.\d*)?(?:e[-+]?\d+)?f?\b")
 

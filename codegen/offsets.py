@@ -20,13 +20,70 @@ def evaluate(expr: str, name, values=None) -> np.ndarray | None:
     env = dict(name) if values is None else {name: values}
     if set(_NAME.findall(_CAST.sub("", expr))) - set(env):
         return None
-    text = _DIVIDE.sub("//", _CAST.sub("", expr))
+    text = _python(_DIVIDE.sub("//", _CAST.sub("", expr)))
+    if text is None:
+        return None
     try:
-        out = eval(text, {"__builtins__": {}}, env)  # noqa: S307 -- our own index text, names checked
-    except SyntaxError:   # C that is not also Python (a conditional): not hoisted
+        out = eval(text, {"__builtins__": {}, "_where": np.where}, env)  # noqa: S307 -- our index text, names checked
+    except SyntaxError:   # C that is not also Python: not hoisted
         return None
     shape = np.broadcast_shapes(*(np.shape(v) for v in env.values()))
     return np.broadcast_to(np.asarray(out, dtype=np.int64), shape)
+
+
+_COMPARE = re.compile(r"(?<![<>])[<>](?![<>])|[<>=!]=")
+_BITWISE = re.compile(r"[&|^]")
+
+
+def _python(expr: str) -> str | None:
+    """``expr`` with C's conditionals as ``_where(cond, a, b)``; None where C and Python would group it apart (a
+    comparison beside a bitwise operator at one level: C binds the comparison tighter, Python the bitwise op)."""
+    out, k = [], 0
+    while k < len(expr):
+        if expr[k] == "(":
+            depth, j = 0, k
+            for j in range(k, len(expr)):
+                depth += {"(": 1, ")": -1}.get(expr[j], 0)
+                if depth == 0:
+                    break
+            inner = _python(expr[k + 1:j])
+            if inner is None:
+                return None
+            out.append(f"({inner})")
+            k = j + 1
+        else:
+            out.append(expr[k])
+            k += 1
+    text = "".join(out)
+    level = re.sub(r"\([^()]*\)", "0", text)
+    while re.search(r"\([^()]*\)", level):
+        level = re.sub(r"\([^()]*\)", "0", level)
+    if _COMPARE.search(level) and _BITWISE.search(level):
+        return None
+    return _conditional(text)
+
+
+def _conditional(text: str) -> str:
+    """A top-level ``c ? a : b`` (inner groups already converted) as ``_where(c, a, b)``."""
+    depth, q = 0, -1
+    for k, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "?" and depth == 0:
+            q = k
+            break
+    if q < 0:
+        return text
+    depth, nested = 0, 0
+    for k in range(q + 1, len(text)):
+        ch = text[k]
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch == "?":
+            nested += 1
+        elif depth == 0 and ch == ":":
+            if nested == 0:
+                return f"_where({text[:q]}, {text[q + 1:k]}, {_conditional(text[k + 1:])})"
+            nested -= 1
+    return text
 
 
 def trip_stride(expr: str, name: str, threads: int, trips: int, n: int) -> int | None:

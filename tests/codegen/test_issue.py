@@ -40,7 +40,7 @@ def test_constant_terms_of_an_address_are_its_immediate_offset():
                   "  mg_cp_async16(&sm1[(e_ / 8) * 64 + e_ % 8 * 8], p1 + (sm1g + (e_ / 8) * 64 + e_ % 8 * 8));\n}")
     assert plain.int == 4 * (1 + 5 + 7)
     # an ldmatrix address from a hoisted base: one xor with a constant; the row step is the immediate offset
-    assert count("mg_ldmatrix_x4(t, &bb_[(h1_ ^ 16) + 2048]);").int == 1
+    assert count("mg_ldmatrix_x4(t, &sm1c[(h1_ ^ 16) + 2048]);").int == 1
     # a stored value is floating-point work, its address integer work
     stored = count("mg_st16(&sm7[h3_ + 512], mg_u32x4{mg_pack2(mg_f2h(x * y), mg_f2h(z * w)), 0, 0, 0});")
     assert (stored.int, stored.fp32) == (0, 2 + 2 + 1)

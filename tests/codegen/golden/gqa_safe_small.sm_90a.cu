@@ -6,39 +6,72 @@ MG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }
 #else
 inline float mg_ninf() { return -HUGE_VALF; }
 #endif
+#if defined(__CUDACC__)
+template <int TB>
+MG_DEVICE void mg_wgmma_m64n32k16_f16_rs(float* d, const unsigned (&a)[4], unsigned long long desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, %22;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
+#else
+template <int TB>
+inline void mg_wgmma_m64n32k16_f16_rs(float* d, const unsigned (&a)[4], unsigned long long desc_b, int scale_d) { mgsm90_wgmma(d, 32, a, 0ull, desc_b, scale_d, 0, TB, false, "mg_wgmma_m64n32k16_f16_rs"); }
+#endif
+#if defined(__CUDACC__)
+template <int TA, int TB>
+MG_DEVICE void mg_wgmma_m64n128k16_f16_ss(float* d, unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+#else
+template <int TA, int TB>
+inline void mg_wgmma_m64n128k16_f16_ss(float* d, unsigned long long desc_a, unsigned long long desc_b, int scale_d) { mgsm90_wgmma(d, 128, nullptr, desc_a, desc_b, scale_d, TA, TB, false, "mg_wgmma_m64n128k16_f16_ss"); }
+#endif
 
-// mg_kernel0: grid (2, 2, 2) x 128 threads, forloop 4; 32768 bytes of dynamic shared memory
-//   sm1 [0, 16384) input 1 tile [1, 64, 128]
-//   sm3 [0, 16) whether this CTA finishes the block
-//   sm0 [16384, 24576) input 0 tile [1, 64, 64]
-//   sm2 [24576, 32768) input 2 tile [1, 128, 32]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
-  MG_SHARED_DYN(smem);
+// mg_kernel0: grid (2, 2, 2) x 128 threads, forloop 4; 106752 bytes of dynamic shared memory
+//   sm1 [0, 65536) input 1 tile [1, 64, 128] x 4 stages (TMA)
+//   sm2 [65536, 98304) input 2 tile [1, 128, 32] x 4 stages (TMA)
+//   sm0 [98304, 106496) input 0 tile [1, 64, 64]
+//   sm3 [106496, 106752) mbarriers: full and empty per stage
+MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_TMAP(tm0), MG_TMAP(tm1)) {
+  MG_SHARED_DYN_1024(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z() / 2;  // which of the 4 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 16384);  // input 0 tile [1, 64, 64]
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 98304);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 8192 + (long long)mg_bid_y() * 4096;  // block's tile origin
   const int sm0t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
   const long long sm0e = sm0g + ((tid / 8)) * 64 + tid % 8 * 8;
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128]
-  const long long sm1g = (long long)mg_bid_x() * 32768 + (long long)sp_ * 128;  // block's tile origin
-  const int sm1t = ((((tid / 16)) * 128 + (tid % 16 * 8)) ^ (((((tid / 16)) * 128 + (tid % 16 * 8)) >> 4) & 56));  // this thread's first chunk
-  const long long sm1e = sm1g + ((tid / 16)) * 512 + tid % 16 * 8;
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 24576);  // input 2 tile [1, 128, 32]
-  const long long sm2g = (long long)mg_bid_x() * 32768 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 8192;  // block's tile origin
-  const int sm2t = ((((tid / 4)) * 32 + (tid % 4 * 8)) ^ (((((tid / 4)) * 32 + (tid % 4 * 8)) >> 3) & 24));  // this thread's first chunk
-  const long long sm2e = sm2g + ((tid / 4)) * 64 + tid % 4 * 8;
-  const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 128;  // [1,64,128] on 1x4x1 warps
-  unsigned qa0[1][4][1][4];  // A fragments of input[1, 64, 64], kept in registers across the loop
-  const int h0_ = (((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) ^ ((((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
-  const int h1_ = (((0 * 16 + (lane & 15)) * 128 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 128 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 4) & 56));  // a thread's shared-memory offset, once
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 4 stages (TMA)
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 65536);  // input 2 tile [1, 128, 32] x 4 stages (TMA)
+  MG_SPTR(unsigned long long) const sm3 = (unsigned long long*)(smem + 106496);  // mbarriers: full and empty per stage
   const int f1m = warp / 1 % 4 * 16, f1n = warp % 1 * 32;  // [1,64,32] on 1x4x1 warps
-  const int h2_ = (((0 * 16 + (lane & 15)) * 32 + (f1n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 32 + (f1n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 24));  // a thread's shared-memory offset, once
-  const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 2 * (mg_bid_z() % 2));  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 8704;  // its partials
-  MG_SPTR(int) const sm3 = (int*)(smem + 0);  // whether this CTA finishes the block
-  const long long p3o = (long long)mg_bid_x() * 8192 + (long long)mg_bid_y() * 4096 + (long long)(mg_bid_z() % 2) * 32;  // output 0 tile origin
+  const long long p3o = (long long)mg_bid_x() * 8192 + (long long)mg_bid_y() * 4096 + (long long)mg_bid_z() * 32;  // output 0 tile origin
+  // warp-specialised pipeline: a producer warpgroup issues every TMA copy, the consumers compute
+  if (tid == 0) {
+    for (int s_ = 0; s_ < 4; ++s_) {
+      mg_mbar_init(sm3 + s_, 1);  // full: the producer's arrive.expect_tx, then the copies' bytes
+      mg_mbar_init(sm3 + 4 + s_, 128);  // empty: every consumer thread releases the stage
+    }
+    mg_fence_mbar_init();
+  }
+  mg_syncthreads();  // the mbarriers are ready for every thread
+  if (tid >= 128) {  // the producer warpgroup
+    mg_setmaxnreg_dec<40>();
+    if (tid == 128) {
+      #pragma unroll 1
+      for (int it = 0; it < 4; ++it) {
+        const int s_ = it % 4;
+        mg_mbar_wait(sm3 + 4 + s_, ((it / 4) & 1) ^ 1);  // the consumers released stage s_
+        mg_mbar_arrive_expect_tx(sm3 + s_, 24576);
+        mg_tma_load_3d(sm1 + s_ * 8192, &tm0, sm3 + s_, it * 128, 0, (int)mg_bid_x() * 1);
+        mg_tma_load_3d(sm1 + s_ * 8192 + 4096, &tm0, sm3 + s_, it * 128 + 64, 0, (int)mg_bid_x() * 1);
+        mg_tma_load_3d(sm2 + s_ * 4096, &tm1, sm3 + s_, (int)mg_bid_z() * 32, it * 128, (int)mg_bid_x() * 1);
+      }
+    }
+    return;
+  }
+  mg_setmaxnreg_inc<240>();
   // loop-invariant input tiles
   {
     MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
@@ -49,35 +82,6 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     }
   }
   mg_cp_async_commit();
-  // stage 0 of the loop's input tiles
-  {
-    MG_SPTR(mg_half) const sm1d = sm1 + sm1t;
-    // cp.async 1024 x 16 B
-    #pragma unroll
-    for (int i_ = 0; i_ < 8; ++i_) {
-      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1e + i_ * 4096));
-    }
-  }
-  {
-    MG_SPTR(mg_half) const sm2d = sm2 + sm2t;
-    // cp.async 512 x 16 B
-    #pragma unroll
-    for (int i_ = 0; i_ < 4; ++i_) {
-      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2e + i_ * 2048));
-    }
-  }
-  mg_cp_async_commit();
-  mg_cp_async_wait_group<1>();
-  mg_syncthreads();
-  // A fragments of input[1, 64, 64] into registers, once
-  for (int bi = 0; bi < 1; ++bi) {
-    const mg_half* const a_ = sm0;
-    #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      for (int mi = 0; mi < 1; ++mi)
-        mg_ldmatrix_x4(qa0[bi][ks][mi], &a_[(h0_ ^ (ks * 16))]);
-    }
-  }
   float acc0[1][1][2];  // acc_max_last[1, 64, 1]
   for (int i0 = 0; i0 < 1; ++i0)
     for (int i1 = 0; i1 < 1; ++i1)
@@ -87,30 +91,27 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   float acc0p[1][1][2], acc0f[1][1][2];  // previous value, rescale factor
   float acc1[1][1][4][4] = {};  // acc_sum_rescale[1, 64, 32]
   float acc2[1][1][2] = {};  // acc_sum_last_rescale[1, 64, 1]
-  {  // the loop's single iteration
-    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
-    mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
+  mg_cp_async_wait_group<0>();
+  mg_fence_proxy_async();  // generic writes become visible to wgmma
+  mg_bar_sync(1, 128);
+#pragma unroll 1
+  for (int it = 0; it < 4; ++it) {
+    mg_mbar_wait(sm3 + it % 4, (it / 4) & 1);  // this trip's tiles landed (TMA)
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 4 * 8192;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 4 * 4096;
     float v0[1][1][16][4] = {};
-    // matmul[1, 64, 128] on tensor cores
+    // matmul[1, 64, 128] on tensor cores (wgmma m64n128k16, A from shared memory)
+    mg_wgmma_fence();
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm1;
+      const mg_half* const bb_ = sm1c;
+      const mg_half* const a_ = sm0;
       #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        unsigned a[1][4], b[16][2];
-        for (int mi = 0; mi < 1; ++mi)
-        #pragma unroll
-          for (int r_ = 0; r_ < 4; ++r_) a[mi][r_] = qa0[bi][ks][mi][r_];
-        #pragma unroll
-        for (int nj = 0; nj < 8; ++nj) {
-          unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(h1_ ^ (nj * 16)) + ks * 2048]);
-          b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
-        }
-        for (int mi = 0; mi < 1; ++mi)
-        #pragma unroll
-          for (int ni = 0; ni < 16; ++ni) mg_mma_m16n8k16_f16(v0[bi][mi][ni], a[mi], b[ni]);
+        mg_wgmma_m64n128k16_f16_ss<0, 1>(&v0[bi][0][0][0], mg_smem_desc(a_ + ks * 16, 16, 1024, 1), mg_smem_desc(bb_ + ks * 1024, 8192, 1024, 1), 1);
       }
     }
+    mg_wgmma_commit();
+    mg_wgmma_wait<0>();
     float v1[1][1][2];
     // row max of matmul[1, 64, 128] (quad shuffles)
     for (int bi = 0; bi < 1; ++bi)
@@ -166,7 +167,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     for (int q = 0; q < 4; ++q) {
       v3[bi][mi][ni][q] = mg_exp(v2[bi][mi][ni][q]);
     }
-    // matmul[1, 64, 32] on tensor cores
+    // matmul[1, 64, 32] on tensor cores (wgmma m64n32k16, A from registers)
     for (int bi = 0; bi < 1; ++bi)
     for (int mi = 0; mi < 1; ++mi)
 #pragma unroll
@@ -175,28 +176,21 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     for (int q = 0; q < 4; ++q) {
       acc1[bi][mi][ni][q] *= acc0f[bi][mi][q >> 1];
     }
+    mg_wgmma_fence();
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm2;
+      const mg_half* const bb_ = sm2c;
       #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
-        unsigned a[1][4], b[4][2];
-        for (int mi = 0; mi < 1; ++mi) {
-          a[mi][0] = mg_pack2(mg_f2h(v3[bi][mi][2 * ks][0]), mg_f2h(v3[bi][mi][2 * ks][1]));
-          a[mi][1] = mg_pack2(mg_f2h(v3[bi][mi][2 * ks][2]), mg_f2h(v3[bi][mi][2 * ks][3]));
-          a[mi][2] = mg_pack2(mg_f2h(v3[bi][mi][2 * ks + 1][0]), mg_f2h(v3[bi][mi][2 * ks + 1][1]));
-          a[mi][3] = mg_pack2(mg_f2h(v3[bi][mi][2 * ks + 1][2]), mg_f2h(v3[bi][mi][2 * ks + 1][3]));
-        }
-        #pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
-          unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(h2_ ^ (nj * 16)) + ks * 512]);
-          b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
-        }
-        for (int mi = 0; mi < 1; ++mi)
-        #pragma unroll
-          for (int ni = 0; ni < 4; ++ni) mg_mma_m16n8k16_f16(acc1[bi][mi][ni], a[mi], b[ni]);
+        unsigned a_[4];
+        a_[0] = mg_pack2(mg_f2h(v3[bi][0][2 * ks][0]), mg_f2h(v3[bi][0][2 * ks][1]));
+        a_[1] = mg_pack2(mg_f2h(v3[bi][0][2 * ks][2]), mg_f2h(v3[bi][0][2 * ks][3]));
+        a_[2] = mg_pack2(mg_f2h(v3[bi][0][2 * ks + 1][0]), mg_f2h(v3[bi][0][2 * ks + 1][1]));
+        a_[3] = mg_pack2(mg_f2h(v3[bi][0][2 * ks + 1][2]), mg_f2h(v3[bi][0][2 * ks + 1][3]));
+        mg_wgmma_m64n32k16_f16_rs<1>(&acc1[bi][0][0][0], a_, mg_smem_desc(bb_ + ks * 512, 8192, 512, 2), 1);
       }
     }
+    mg_wgmma_commit();
+    mg_wgmma_wait<0>();
     float v4[1][1][2];
     // row sum of exp[1, 64, 128] (quad shuffles)
     for (int bi = 0; bi < 1; ++bi)
@@ -227,67 +221,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     for (int h = 0; h < 2; ++h) {
       acc2[bi][mi][h] = acc2[bi][mi][h] + v4[bi][mi][h];
     }
+    mg_mbar_arrive(sm3 + 4 + it % 4);  // this thread is done with the trip's tiles
   }
-  // publish this CTA's partial state (2176 floats)
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (t4_ == 0) mg_ws[ws_ + sp_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc0[bi][mi][h];
-  }
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    mg_ws[ws_ + sp_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid] = acc1[bi][mi][ni][q];
-  }
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (t4_ == 0) mg_ws[ws_ + sp_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc2[bi][mi][h];
-  }
-  mg_syncthreads();
-  // count this CTA in; the last of the 4 finishes the block
-  mg_threadfence();  // this CTA's partials are visible to the others before it counts in
-  mg_syncthreads();
-  if (tid == 0) sm3[0] = mg_atomic_inc(&mg_ctr[tile_]) == 3;
-  mg_syncthreads();
-  // only the last CTA goes on
-  if (sm3[0] == 0) return;
-  mg_threadfence();
-  // combine the 4 partial states in split order: acc_max_last[1, 64, 1], acc_sum_rescale[1, 64, 32], acc_sum_last_rescale[1, 64, 1]
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float p_ = mg_ninf();
-    for (int k_ = 0; k_ < 4; ++k_) p_ = mg_fmax(p_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
-    acc0[bi][mi][h] = p_;
-  }
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    float m_ = mg_ninf(), p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]));
-    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]) - m_);
-    acc1[bi][mi][ni][q] = p_;
-  }
-  for (int bi = 0; bi < 1; ++bi)
-  for (int mi = 0; mi < 1; ++mi)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float m_ = mg_ninf(), p_ = 0.0f;
-    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
-    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) - m_);
-    acc2[bi][mi][h] = p_;
-  }
-  if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
   float v5[1][1][4][4];
   // div[1, 64, 32] in registers
   for (int bi = 0; bi < 1; ++bi)
