@@ -193,10 +193,25 @@ def _value_ops(rest: str) -> TripOps:
     for name in CALL.findall(rest):
         m, f = CALLS.get(name, (0, 0))
         mufu, fp32 = mufu + m, fp32 + f
+    fp32 -= 2 * _packed_pairs(rest)   # two roundings and their packing: one F2FP.*.PACK_AB
     plain = NUMBER.sub("0", CALL.sub("(", rest))
     operators = len(OPERATOR.findall(plain))
     divisions = len(FLOAT_DIV.findall(plain))
     return TripOps(mufu=mufu + divisions, fp32=fp32 + operators + divisions)   # a division: rcp + 2 FMA
+
+
+# mg_pack2(mg_f2h(a), mg_f2h(b)): ptxas emits one F2FP.F16.F32.PACK_AB (cvt.rn.f16x2.f32, sm_80+) for the pair (SASS
+# read here: gqa's sm_90a kernel has 40 of them and no single conversion)
+PACK2 = re.compile(r"\bmg_pack2\(")
+
+
+def _packed_pairs(text: str) -> int:
+    """How many ``mg_pack2`` calls of ``text`` pack two fp16 (or two bf16) roundings."""
+    pairs = 0
+    for m in PACK2.finditer(text):
+        args = [a.strip() for a in _split_args(text[m.end():_match_paren(text, m.end() - 1) - 1])]
+        pairs += len(args) == 2 and any(all(a.startswith(f"mg_f2{k}(") for a in args) for k in "hb")
+    return pairs
 
 
 GLOBAL_POINTER = re.compile(r"\b(?:p\d+|in\d+|mg_ws|mg_ctr|sm\d+[cd]?|bb_|a_)\b")
@@ -217,7 +232,8 @@ def _address_args(rest: str) -> tuple[list[str], list[str]]:
     args = _split_args(rest[open_ + 1:rest.rfind(")")]) if open_ >= 0 else [rest]
     if MBARRIER.match(rest):   # an mbarrier's address and its phase or byte count: all integer
         return args, []
-    addresses = [a for a in args if a.strip().startswith("&") or GLOBAL_POINTER.search(a)]
+    addresses = [a for a in args if a.strip().startswith("&") or
+                 any(GLOBAL_POINTER.fullmatch(t) for t in _terms(a.strip()))]   # a pointer plus offsets
     return addresses, [a for a in args if a not in addresses]
 
 
