@@ -147,7 +147,7 @@ def stage(lw: Lowering, src, role: str, dt: DType, part: str = "", layout: TileL
     layout = layout or mma_tile(batch, rows_p, cols_p, 2)
     align = getattr(getattr(layout.matrix, "mode", None), "period", 0)
     ctype = R.DTYPE_C[dt]
-    convert = R.SPLIT_C[part] if part else ctype.store.format
+    convert = R.SPLIT_C[part] if part else _rounded_once(ctype.store.format, dt)
     buf = lw.buffer("operand", layout.nbytes, f"{describe(src)} as {dt.short}{' ' + part if part else ''} "
                     f"operand {role}", ctype=ctype.storage, layout=layout, ldmatrix=True, align=align)
     p = lw.place[src]
@@ -160,6 +160,28 @@ def stage(lw: Lowering, src, role: str, dt: DType, part: str = "", layout: TileL
     result = ("smem", buf, buf, layout, shape)
     lw.staged[key] = result
     return result
+
+
+def _rounded_once(store, dt: DType):
+    """``store`` (a value's rounding to ``dt`` for the operand) without a cast to ``dt`` around the whole value:
+    rounding an already-rounded value changes nothing, so f2h(cast_f16(x)) = f2h(x), one conversion, not three."""
+    cast = f"mg_cast_{dt.short}("
+
+    def convert(v: str) -> str:
+        if v.startswith(cast) and _close(v, len(cast) - 1) == len(v) - 1:
+            v = v[len(cast):-1]
+        return store(v)
+    return convert
+
+
+def _close(text: str, open_at: int) -> int:
+    """The index of the ')' closing the '(' at ``open_at``."""
+    depth = 0
+    for k in range(open_at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[k], 0)
+        if depth == 0:
+            return k
+    return -1
 
 
 def _stage_from_smem(lw: Lowering, src, buf, layout: TileLayout, rows, cols, convert):
