@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mugraph.codegen import hopper_pipeline, loops
+from mugraph.codegen import hopper_pipeline, loops, offsets
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import InputView, Step
 from mugraph.codegen.layouts import TileLayout, mma_tile, plain_tile, prod, round_up, strided, unravel
@@ -176,15 +176,21 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
         per_row = cols // chunk
         n = prod(rows_shape) * per_row
 
-        def body(e):
+        def indices(e):
             coords = unravel(f"{e} / {per_row}" if per_row > 1 else e, rows_shape) + \
                 [f"{e} % {per_row} * {chunk}" if per_row > 1 else "0"]
             b, r, c = tile_bcr(tile, coords)
-            g = strided(source_coords(coords, tile, view), view.strides)
+            return layout.index(b, r, c), strided(source_coords(coords, tile, view), view.strides)
+
+        hoisted = _hoisted_copy(lw, n, indices, (src, R.DTYPE_C[spec.dtype].storage), base, offset, dst, nbytes)
+        if hoisted:
+            return hoisted, True
+
+        def body(e):
+            s, g = indices(e)
             if nbytes:
-                return [f"mg_cp_async16_zfill(&{dst}[{layout.index(b, r, c)}], {src} + ({offset} + {g}), "
-                        f"{nbytes});"]
-            return [f"mg_cp_async16(&{dst}[{layout.index(b, r, c)}], {src} + ({offset} + {g}));"]
+                return [f"mg_cp_async16_zfill(&{dst}[{s}], {src} + ({offset} + {g}), {nbytes});"]
+            return [f"mg_cp_async16(&{dst}[{s}], {src} + ({offset} + {g}));"]
         return loops.thread_stride(lw, n, body, f"cp.async {n} x 16 B"), True
 
     def scalar(e):
@@ -193,6 +199,36 @@ def copy_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout
         return [f"{dst}[{layout.index(b, r, c)}] = {src}[{offset} + "
                 f"{strided(source_coords(coords, tile, view), view.strides)}];"]
     return loops.thread_stride(lw, prod(tile), scalar, "scalar loads (rows not 16-byte chunks or strided)"), False
+
+
+def _hoisted_copy(lw: Lowering, n: int, indices, source: tuple, base: str, offset: str, dst: str,
+                  nbytes: str | None):
+    """The copy loop with each thread's shared and global offsets computed once, before the main loop
+    (``offsets``), where both advance by a constant per unrolled trip; None where they do not. Inside the main
+    loop a trip then computes one stage pointer and one source offset, and each copy adds constants."""
+    trips = -(-n // lw.T)
+    s, g = indices("e_")
+    ds, dg = (offsets.trip_stride(x, "e_", lw.T, trips, n) for x in (s, g))
+    if ds is None or dg is None or trips > 8:   # (more trips: a rolled loop, whose counter is not a constant)
+        return None
+    src = base[:-1]                               # "{buf}g": the tile's block origin
+    for decl in (f"const int {src}t = {offsets.at_thread(s, 'e_')};  // this thread's first chunk",
+                 f"const long long {src}e = {base} + {offsets.at_thread(g, 'e_')};"):
+        if decl not in lw.kernel_decls:
+            lw.kernel_decls.append(decl)
+    step = offset[len(base):]                     # " + (long long)itn * ..." or ""
+    param, ctype = source
+    origin = f"{src}o" if step else f"{src}e"
+    lines = [f"MG_SPTR({ctype}) const {src}d = {dst} + {src}t;"] + \
+        ([f"const long long {src}o = {src}e{step};"] if step else [])
+
+    def body(e):
+        to = f"{src}d[i_ * {ds}]" if ds else f"{src}d[0]"
+        at = f"{param} + ({origin} + i_ * {dg})" if dg else f"{param} + {origin}"
+        if nbytes:
+            return [f"mg_cp_async16_zfill(&{to}, {at}, {nbytes});"]
+        return [f"mg_cp_async16(&{to}, {at});"]
+    return ["{"] + ["  " + x for x in lines + loops.thread_stride(lw, n, body, f"cp.async {n} x 16 B")] + ["}"]
 
 
 def iota_lines(lw: Lowering, spec, view: InputView, dst: str, layout: TileLayout, offset: str) -> list[str]:

@@ -14,7 +14,12 @@ if TYPE_CHECKING:
 
 
 def lower_elementwise(lw: Lowering, node) -> None:
-    full = [s for s in node.srcs if isinstance(lw.place[s], Reg) and tuple(s.shape) == tuple(node.shape)]
+    scaled = values.scaled_exp(lw, node)
+    srcs = [scaled[0]] if scaled else node.srcs      # exp(x * c): x's registers (the scale is folded)
+    full = [s for s in srcs if isinstance(lw.place[s], Reg) and tuple(s.shape) == tuple(node.shape)]
+    if values.fold_into_exp(lw, node):   # a scale the exp folds: read inline by the exp, in its registers' loop
+        lw.place[node] = Inline()
+        return
     if not full:
         for s in node.srcs:
             values.addressable(lw, s)
@@ -23,9 +28,9 @@ def lower_elementwise(lw: Lowering, node) -> None:
     layout = lw.place[full[0]].layout
     var = lw.fresh("v")
     probe = loops.probe_ctx(layout, node.shape)
-    for s in node.srcs:
+    for s in srcs:
         values.ensure(lw, s, probe)
-    reads = set().union(*(values.reads_of(lw, s, probe) for s in node.srcs))
+    reads = set().union(*(values.reads_of(lw, s, probe) for s in srcs))
     lw.place[node] = Inline()  # so that read() renders the op itself
     lines = loops.layout_loop(lw, layout, node.shape, lambda ctx: [f"{var}{ctx.slot} = {values.read(lw, node, ctx)};"],
                               guard=bool(reads))

@@ -6,7 +6,7 @@ operation (every thread of a warp runs the same one):
 
 * MMA: ``mg_mma_*`` (one mma.sync), ``mg_wgmma_*`` (one wgmma or its fence / commit).
 * MUFU (the special-function unit): the calls ``CALLS`` lists with their MUFU share (``__expf`` is ex2 plus a
-  multiply, ``rsqrtf`` one rsq, ...), and a floating-point division (an rcp and its refinement).
+  multiply, ``mg_exp2`` the ex2 alone, ``rsqrtf`` one rsq, ...), and a floating-point division (an rcp and its refinement).
 * FP32: floating-point operators, the FP32 part of those calls, conversions, shuffles.
 * INT: the operators of address and index arithmetic (memory indices, ``const int`` lines), each distinct index
   expression of a statement once (common subexpressions), none where every operand is a constant once the loops
@@ -31,7 +31,7 @@ from typing import Mapping
 # __expf / __logf are one ex2 / lg2 and a multiply; the accurate libdevice routines (sqrtf, tanhf, erff) and the
 # composites are estimates of their length.
 CALLS = {
-    "mg_exp": (1, 1), "mg_log": (1, 1), "mg_rsqrt": (1, 0), "mg_sqrt": (1, 4), "mg_tanh": (2, 8),
+    "mg_exp": (1, 1), "mg_exp2": (1, 0), "mg_log": (1, 1), "mg_rsqrt": (1, 0), "mg_sqrt": (1, 4), "mg_tanh": (2, 8),
     "mg_erf": (1, 12), "mg_sigmoid": (2, 3), "mg_silu": (2, 4), "mg_gelu": (1, 14), "mg_pow": (2, 2),
     "mg_log1p": (1, 6), "mg_expm1": (1, 6), "mg_softplus": (2, 6),
     "mg_fmax": (0, 1), "mg_fmin": (0, 1), "mg_fabs": (0, 1), "mg_square": (0, 1), "mg_leaky_relu": (0, 2),
@@ -44,7 +44,7 @@ COPY = re.compile(r"\bmg_cp_async16\w*\(|\bmg_tma_\w*\(")
 MMA = re.compile(r"\bmg_mma_\w+\(|\bmg_wgmma\w*\(")
 BARRIER = re.compile(r"\bmg_syncthreads\(\)|\bmg_bar_sync\(|\bmg_mbar_wait\(|\bmg_cp_async_wait_group\b")
 CALL = re.compile(r"\b(mg_\w+)\(")
-SHARED = re.compile(r"\bsm\d+c?\b")        # the renderer names shared buffers sm<k> (sm<k>c: this trip's stage)
+SHARED = re.compile(r"\bsm\d+[cd]?\b")  # the renderer names shared buffers sm<k> (c: this trip's stage, d: a copy's)
 FLOAT_DIV = re.compile(r"/\s*(?!\d+(?![\d.eEf]))")   # a division by other than an integer literal
 OPERATOR = re.compile(r"<<|>>|[-+*/%^&|](?!=)")
 
@@ -78,8 +78,8 @@ class TripOps:
 
 
 # ---- counting one statement -------------------------------------------------------------------------------------
-ADDRESSED = re.compile(r"(?:\bsm\d+c?|\bin\d+|\bp\d+|\bout\d+|\bmg_ws|\bmg_ctr|\))\s*\[")  # memory, not registers
-ADDRESS_STATEMENT = re.compile(r"\bmg_cp_async16|\bmg_ldmatrix|\bmg_st\d+\(|\bmg_ldcg\(|\bmg_tma_")
+ADDRESSED = re.compile(r"(?:\bsm\d+[cd]?|\bin\d+|\bp\d+|\bout\d+|\bmg_ws|\bmg_ctr|\))\s*\[")  # memory, not registers
+ADDRESS_STATEMENT = re.compile(r"\bmg_mbar_\w+\(|\bmg_cp_async16|\bmg_ldmatrix|\bmg_st\d+\(|\bmg_ldcg\(|\bmg_tma_")
 NUMBER = re.compile(r"\b\d+(?:\.\d*)?(?:e[-+]?\d+)?f?\b")
 
 
@@ -113,8 +113,56 @@ def _runtime(expr: str, constants: frozenset) -> bool:
 
 
 def _index_ops(exprs: list[str], constants: frozenset) -> int:
-    """Integer instructions of a statement's memory indices: each distinct runtime expression once."""
-    return sum(len(OPERATOR.findall(e)) for e in dict.fromkeys(exprs) if _runtime(e, constants))
+    """Integer instructions of a statement's memory indices: each distinct runtime part once (``_address_ops``)."""
+    parts = dict.fromkeys(" + ".join(_runtime_terms(e, constants)) for e in exprs)
+    return sum(_sum_ops(p) for p in parts if p)
+
+
+def _address_ops(expr: str, constants: frozenset) -> int:
+    """Integer instructions of an address or index: its runtime terms' operators and the adds joining them; the
+    constant terms of a sum are the load's or store's immediate offset (no instruction)."""
+    return _sum_ops(" + ".join(_runtime_terms(expr, constants)))
+
+
+def _declared_ops(expr: str, constants: frozenset) -> int:
+    """Integer instructions of a value computed into a register: as an address, plus one add of the constant
+    terms (an address takes them as its immediate offset; a register value needs the add)."""
+    runtime = _runtime_terms(expr, constants)
+    if not runtime:
+        return 0
+    return _sum_ops(" + ".join(runtime)) + (len(_terms(expr.strip())) > len(runtime))
+
+
+def _sum_ops(expr: str) -> int:
+    return len(OPERATOR.findall(expr))
+
+
+def _runtime_terms(expr: str, constants: frozenset) -> list[str]:
+    """The terms of ``expr``'s top-level sum (nested parenthesised sums flattened) that are not constants."""
+    return [t for t in _terms(expr.strip().lstrip("&").strip()) if _runtime(t, constants)]
+
+
+def _terms(expr: str) -> list[str]:
+    """``expr`` as the terms of a sum: split at '+' outside parentheses when nothing outside them binds looser
+    (a shift, a bitwise operator or a comparison keeps the expression whole)."""
+    while expr.startswith("(") and _match_paren(expr, 0) == len(expr):
+        expr = expr[1:-1].strip()
+    if re.match(r"\((?:long long|int|unsigned)\)\s*[\w(]", expr):
+        expr = expr[expr.index(")") + 1:].strip()
+        if expr.startswith("(") and _match_paren(expr, 0) == len(expr):
+            return _terms(expr)
+    terms, depth, start = [], 0, 0
+    for k, ch in enumerate(expr):
+        depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(ch, 0)
+        if depth:
+            continue
+        if ch in "^|&<>?=!," or (ch == "-" and k > start and expr[k - 1] not in "*/%(+- "):
+            return [expr]
+        if ch == "+":
+            terms.append(expr[start:k].strip())
+            start = k + 1
+    terms.append(expr[start:].strip())
+    return [s for t in terms for s in (_terms(t) if t.startswith("(") else [t])] if len(terms) > 1 else terms
 
 
 def statement_ops(text: str, constants: frozenset = frozenset()) -> TripOps:
@@ -123,26 +171,81 @@ def statement_ops(text: str, constants: frozenset = frozenset()) -> TripOps:
     text = text.split("//")[0]
     if not text.strip():
         return TripOps()
-    if text.lstrip().startswith(("const int", "int ")):
-        value = text.split("=", 1)[-1]
-        return TripOps(int=len(OPERATOR.findall(value)) if _runtime(value, constants) else 0)
+    if INT_DECLARATION.match(text):  # index, offset and pointer definitions: integer work
+        return TripOps(int=sum(_declared_ops(value, constants) for value in _declared_values(text)))
     index, rest = _split_indices(text)
-    mufu = fp32 = 0.0
-    for name in CALL.findall(rest):
-        m, f = CALLS.get(name, (0, 0))
-        mufu, fp32 = mufu + m, fp32 + f
-    plain = NUMBER.sub("0", CALL.sub("(", rest))
-    operators = len(OPERATOR.findall(plain))
     ldm = sum(int(n) for n in LDMATRIX.findall(text))
     copies = len(COPY.findall(text))
     touches = len(SHARED.findall(text)) if not (ldm or copies) else 0
     ops = TripOps(mma=len(MMA.findall(text)), shared=ldm + 4 * copies + touches, copies=copies,
                   barriers=len(BARRIER.findall(text)), int=_index_ops(index, constants),
                   shared_ops=len(LDMATRIX.findall(text)) + touches)
-    if ADDRESS_STATEMENT.search(text):
-        return ops + TripOps(int=operators if _runtime(rest, constants) else 0)
+    if ADDRESS_STATEMENT.search(text):   # the addresses are integer work, the values stored floating-point
+        addresses, stored = _address_args(rest)
+        return ops + TripOps(int=sum(_address_ops(a, constants) for a in addresses)) + \
+            _value_ops(", ".join(stored))
+    return ops + _value_ops(rest)
+
+
+def _value_ops(rest: str) -> TripOps:
+    """MUFU and FP32 instructions of the value computation ``rest`` (memory indices removed)."""
+    mufu = fp32 = 0.0
+    for name in CALL.findall(rest):
+        m, f = CALLS.get(name, (0, 0))
+        mufu, fp32 = mufu + m, fp32 + f
+    fp32 -= 2 * _packed_pairs(rest)   # two roundings and their packing: one F2FP.*.PACK_AB
+    plain = NUMBER.sub("0", CALL.sub("(", rest))
+    operators = len(OPERATOR.findall(plain))
     divisions = len(FLOAT_DIV.findall(plain))
-    return ops + TripOps(mufu=mufu + divisions, fp32=fp32 + operators + divisions)   # a division: rcp + 2 FMA
+    return TripOps(mufu=mufu + divisions, fp32=fp32 + operators + divisions)   # a division: rcp + 2 FMA
+
+
+# mg_pack2(mg_f2h(a), mg_f2h(b)): ptxas emits one F2FP.F16.F32.PACK_AB (cvt.rn.f16x2.f32, sm_80+) for the pair (SASS
+# read here: gqa's sm_90a kernel has 40 of them and no single conversion)
+PACK2 = re.compile(r"\bmg_pack2\(")
+
+
+def _packed_pairs(text: str) -> int:
+    """How many ``mg_pack2`` calls of ``text`` pack two fp16 (or two bf16) roundings."""
+    pairs = 0
+    for m in PACK2.finditer(text):
+        args = [a.strip() for a in _split_args(text[m.end():_match_paren(text, m.end() - 1) - 1])]
+        pairs += len(args) == 2 and any(all(a.startswith(f"mg_f2{k}(") for a in args) for k in "hb")
+    return pairs
+
+
+GLOBAL_POINTER = re.compile(r"\b(?:p\d+|in\d+|mg_ws|mg_ctr|sm\d+[cd]?|bb_|a_)\b")
+MBARRIER = re.compile(r"\s*mg_mbar_\w+\(")
+INT_DECLARATION = re.compile(r"\s*(?:const int\b|int\b|const long long\b|MG_SPTR\(\w+\) const\b)")
+
+
+def _declared_values(text: str) -> list[str]:
+    """The initialisers of a declaration ``const int a = x, b = y``."""
+    body = INT_DECLARATION.sub("", text, count=1)
+    return [part.split("=", 1)[1] for part in _split_args(body) if "=" in part]
+
+
+def _address_args(rest: str) -> tuple[list[str], list[str]]:
+    """(address arguments, other arguments) of the call ``rest``: an address takes a buffer's address (``&``) or
+    offsets a buffer or pointer parameter."""
+    open_ = rest.find("(")
+    args = _split_args(rest[open_ + 1:rest.rfind(")")]) if open_ >= 0 else [rest]
+    if MBARRIER.match(rest):   # an mbarrier's address and its phase or byte count: all integer
+        return args, []
+    addresses = [a for a in args if a.strip().startswith("&") or
+                 any(GLOBAL_POINTER.fullmatch(t) for t in _terms(a.strip()))]   # a pointer plus offsets
+    return addresses, [a for a in args if a not in addresses]
+
+
+def _split_args(text: str) -> list[str]:
+    """``text`` split at commas outside parentheses and braces."""
+    out, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        depth += {"(": 1, ")": -1, "{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(text[start:k])
+            start = k + 1
+    return out + [text[start:]]
 
 
 # ---- the loop's statements and the loops around them ------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from mugraph.codegen import offsets
 from mugraph.codegen.layouts import MMA, Frag, Rows, Spread, c_index, ceil_div, prod, unravel
 from mugraph.codegen.placement import Ctx, Reg
 
@@ -76,11 +77,13 @@ def plain_loop(lw: Lowering, shape, body, *, index: str = "e_") -> list[str]:
     """Every thread strides over the elements of ``shape``."""
     n = prod(shape)
     trips = ceil_div(n, lw.T)
-    lines = ["#pragma unroll 4" if trips > 4 else "#pragma unroll",
-             f"for (int i_ = 0; i_ < {trips}; ++i_) {{", f"  const int {index} = tid + i_ * {lw.T};"]
     ctx = Ctx(None, tuple(shape), tuple(unravel(index, shape)))
     cond = f"{index} < {n}" if n % lw.T else ""
-    return lines + guarded(cond, body(ctx), "  ") + ["}"]
+    inner = offsets.hoist_strided(body(ctx), lw.thread_bases, lw.T, trips, n, index)
+    used = re.search(rf"\b{index}\b", "\n".join(inner + [cond]))
+    lines = ["#pragma unroll 4" if trips > 4 else "#pragma unroll", f"for (int i_ = 0; i_ < {trips}; ++i_) {{"]
+    lines += [f"  const int {index} = tid + i_ * {lw.T};"] if used else []
+    return lines + guarded(cond, inner, "  ") + ["}"]
 
 
 def layout_loop(lw: Lowering, layout, shape, body, *, guard: bool = True) -> list[str]:
@@ -134,10 +137,11 @@ def thread_stride(lw: Lowering, n: int, body, note: str) -> list[str]:
     """``body(e)`` for e = tid, tid + T, ... below ``n`` (copies: at most 8 trips unrolled)."""
     trips = ceil_div(n, lw.T)
     e = "e_"
-    lines = [f"// {note}", "#pragma unroll" if trips <= 8 else "#pragma unroll 8",
-             f"for (int i_ = 0; i_ < {trips}; ++i_) {{", f"  const int {e} = tid + i_ * {lw.T};"]
     inner = body(e)
     cond = f"{e} < {n}" if n % lw.T else ""
+    used = re.search(rf"\b{e}\b", "\n".join(inner + [cond]))   # a hoisted body indexes by the trip alone
+    lines = [f"// {note}", "#pragma unroll" if trips <= 8 else "#pragma unroll 8",
+             f"for (int i_ = 0; i_ < {trips}; ++i_) {{"] + ([f"  const int {e} = tid + i_ * {lw.T};"] if used else [])
     return lines + guarded(cond, inner, "  ") + ["}"]
 
 

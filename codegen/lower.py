@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Mapping
 
-from mugraph.codegen import accumulators, copies, elementwise, mma, reductions, splits, stores
+from mugraph.codegen import accumulators, copies, elementwise, mma, offsets, reductions, splits, stores
 from mugraph.codegen import render as R
 from mugraph.codegen.arch import ArchSpec
 from mugraph.codegen.kernel_ir import InputView, KernelIR, OutputView, SmemBuffer, Step  # noqa: F401 (re-exported)
@@ -63,6 +63,7 @@ class Lowering:
         self.steps: list[Step] = []
         self.pending_pro: list[Step] = []     # prologue steps created while lowering later regions
         self.kernel_decls: list[str] = []
+        self.thread_bases = offsets.ThreadBases(graph.threads, self.kernel_decls)  # hoisted shared offsets
         self.acc_decls: list[str] = []
         self.loop_head: list[str] = []
         self.mats: dict = {}

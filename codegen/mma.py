@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mugraph.codegen import accumulators, loops, values, wgmma
+from mugraph.codegen import accumulators, loops, offsets, values, wgmma
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
 from mugraph.codegen.layouts import (MMA, PATH, Frag, Spread, TileLayout, broadcast, ceil_div, choose_frag, linear,
@@ -91,7 +91,7 @@ def _load_hoisted(lw: Lowering, node, f: Frag, src, dt: DType, kt: int):
     storage = R.DTYPE_C[dt].storage
     body = [f"const {storage}* const a_ = {aptr}" + _offset(_batch_map(ashape, node.shape, "b_"), alay.matrix_elems)
             + ";", "#pragma unroll", f"for (int ks = 0; ks < {kt}; ++ks) {{"]
-    body += ["  " + line.replace("a[mi]", f"{var}[bi][ks][mi]") for line in _a_by_ldmatrix(f, fv, alay)] + ["}"]
+    body += ["  " + line.replace("a[mi]", f"{var}[bi][ks][mi]") for line in _a_by_ldmatrix(lw, f, fv, alay, kt)] + ["}"]
     lw.emit(Step("", _per_warp_tile(f, fv, body), reads={buf},
                  note=f"A fragments of {describe(node.srcs[0])} into registers, once"), "pro")
     return ("hoisted", var)
@@ -147,7 +147,7 @@ def stage(lw: Lowering, src, role: str, dt: DType, part: str = "", layout: TileL
     layout = layout or mma_tile(batch, rows_p, cols_p, 2)
     align = getattr(getattr(layout.matrix, "mode", None), "period", 0)
     ctype = R.DTYPE_C[dt]
-    convert = R.SPLIT_C[part] if part else ctype.store.format
+    convert = R.SPLIT_C[part] if part else _rounded_once(ctype.store.format, dt)
     buf = lw.buffer("operand", layout.nbytes, f"{describe(src)} as {dt.short}{' ' + part if part else ''} "
                     f"operand {role}", ctype=ctype.storage, layout=layout, ldmatrix=True, align=align)
     p = lw.place[src]
@@ -160,6 +160,28 @@ def stage(lw: Lowering, src, role: str, dt: DType, part: str = "", layout: TileL
     result = ("smem", buf, buf, layout, shape)
     lw.staged[key] = result
     return result
+
+
+def _rounded_once(store, dt: DType):
+    """``store`` (a value's rounding to ``dt`` for the operand) without a cast to ``dt`` around the whole value:
+    rounding an already-rounded value changes nothing, so f2h(cast_f16(x)) = f2h(x), one conversion, not three."""
+    cast = f"mg_cast_{dt.short}("
+
+    def convert(v: str) -> str:
+        if v.startswith(cast) and _close(v, len(cast) - 1) == len(v) - 1:
+            v = v[len(cast):-1]
+        return store(v)
+    return convert
+
+
+def _close(text: str, open_at: int) -> int:
+    """The index of the ')' closing the '(' at ``open_at``."""
+    depth = 0
+    for k in range(open_at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[k], 0)
+        if depth == 0:
+            return k
+    return -1
 
 
 def _stage_from_smem(lw: Lowering, src, buf, layout: TileLayout, rows, cols, convert):
@@ -260,8 +282,8 @@ def mma_lines(lw: Lowering, node, f: Frag, var: str, a_src, b_src, dt: DType,
     elif a_src[0] == "reg":
         inner += _a_from_registers(f, a_src[1], dt)
     else:
-        inner += _a_by_ldmatrix(f, fv, alay)
-    inner += _b_by_ldmatrix(f, fv, blay)
+        inner += _a_by_ldmatrix(lw, f, fv, alay, kt)
+    inner += _b_by_ldmatrix(lw, f, fv, blay, kt)
     inner += _finite_only("a", f.tm, MMA.a.regs) if finite[0] else []
     inner += _finite_only("b", f.tn, MMA.b.regs) if finite[1] else []
     inner += ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)", "#pragma unroll",
@@ -299,17 +321,23 @@ def _a_from_registers(f: Frag, src: str, dt: DType) -> list[str]:
     return lines + ["}"]
 
 
-def _a_by_ldmatrix(f: Frag, fv: str, alay) -> list[str]:
+def _a_by_ldmatrix(lw: Lowering, f: Frag, fv: str, alay, kt: int) -> list[str]:
     r, c = load_address("a_load")
     row = f"{fv}m + mi * {MMA.m} + {r}"
     if f.wm * f.tm * MMA.m > alay.rows:
         row = f"({row} < {alay.rows} ? {row} : {alay.rows - 1})"
     col = f"ks * {MMA.k} + {c}"
+    index = _hoisted(lw, alay.index('0', row, col), {"ks": kt, "mi": f.tm})
     return ["#pragma unroll", f"for (int mi = 0; mi < {f.tm}; ++mi)",
-            f"  {PATH.a_load.ld.intrinsic}(a[mi], &a_[{alay.index('0', row, col)}]);"]
+            f"  {PATH.a_load.ld.intrinsic}(a[mi], &a_[{index}]);"]
 
 
-def _b_by_ldmatrix(f: Frag, fv: str, blay) -> list[str]:
+def _hoisted(lw: Lowering, index: str, counters: dict) -> str:
+    """An ldmatrix address computed once per thread (the main loop adds only constants: ``offsets``)."""
+    return offsets.hoist_unrolled(index, lw.thread_bases, lw.kernel_decls, counters)
+
+
+def _b_by_ldmatrix(lw: Lowering, f: Frag, fv: str, blay, kt: int) -> list[str]:
     """B fragments: ``PATH.b_wide`` fills several n-tiles per ldmatrix, ``PATH.b_one`` the odd one left."""
     lines = []
     wide = PATH.b_wide
@@ -320,12 +348,13 @@ def _b_by_ldmatrix(f: Frag, fv: str, blay) -> list[str]:
         unpack = ", ".join(f"b[{wide.tiles} * nj{f' + {j // MMA.b.regs}' if j // MMA.b.regs else ''}]"
                            f"[{j % MMA.b.regs}] = t[{j}]" for j in range(wide.ld.num))
         lines += ["#pragma unroll", f"for (int nj = 0; nj < {groups}; ++nj) {{", f"  unsigned t[{wide.ld.num}];",
-                  f"  {wide.ld.intrinsic}(t, &bb_[{blay.index('0', f'ks * {MMA.k} + {r}', col)}]);",
+                  f"  {wide.ld.intrinsic}(t, &bb_[{_hoisted(lw, blay.index('0', f'ks * {MMA.k} + {r}', col), {'ks': kt, 'nj': groups})}]);",
                   f"  {unpack};", "}"]
     for tile in range(groups * wide.tiles, f.tn):
         r, c = load_address("b_one")
         col = _clamp_col(f, blay, f"{fv}n + {tile} * {MMA.n}" + (f" + {c}" if c != "0" else ""))
-        lines.append(f"{PATH.b_one.ld.intrinsic}(b[{tile}], &bb_[{blay.index('0', f'ks * {MMA.k} + {r}', col)}]);")
+        index = _hoisted(lw, blay.index('0', f'ks * {MMA.k} + {r}', col), {"ks": kt})
+        lines.append(f"{PATH.b_one.ld.intrinsic}(b[{tile}], &bb_[{index}]);")
     return lines
 
 

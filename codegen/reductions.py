@@ -2,9 +2,10 @@
 of lanes with warp shuffles (Spread); rms_norm as its row factors in shared memory, read inline."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
-from mugraph.codegen import loops, values
+from mugraph.codegen import loops, offsets, values
 from mugraph.codegen import render as R
 from mugraph.codegen.kernel_ir import Step
 from mugraph.codegen.layouts import MMA, WARP, Frag, Rows, Spread, c_index, linear, prod, reduce_group, row_shuffles, unravel
@@ -93,7 +94,8 @@ def _spread_reduce(lw: Lowering, x, dim: int, comb, square: bool) -> Reg:
     coords[dim] = "j_"
     v = values.read_at(lw, x, coords, None, Ctx(None, shape, tuple(coords)))
     v = f"mg_square({v})" if square else v
-    inner = [f"for (int j_ = {gl}; j_ < {length}; j_ += {group}) p_ = {comb('p_', v)};"]
+    inner = _hoisted_sum(lw, v, comb, lay, gid, length) if group == 1 else None
+    inner = inner or [f"for (int j_ = {gl}; j_ < {length}; j_ += {group}) p_ = {comb('p_', v)};"]
     inner = loops.guarded(f"o_ < {n}" if lay.guard else "", inner, "  ")
     lines = ["#pragma unroll", f"for (int s = 0; s < {lay.slots}; ++s) {{"]
     lines += loops.consts([("o_", f"s * {lay.groups} + {gid}")], inner, "  ") + [f"  float p_ = {comb.identity};"]
@@ -120,6 +122,21 @@ def _spread_reduce(lw: Lowering, x, dim: int, comb, square: bool) -> Reg:
                   f"  {var}[s] = p_;", "}"]
     lw.emit(Step("", comb_lines, reads={buf}, note="combine the warps' partials"))
     return Reg(lay, var)
+
+
+def _hoisted_sum(lw: Lowering, v: str, comb, lay: Spread, gid: str, length: int) -> list[str] | None:
+    """One thread's sum over j_ as 8 unrolled steps per outer trip (j_ = 8 jo + ji, the same order), its reads'
+    addresses a hoisted base xor and plus constants (``offsets``: a swizzle's xor depends on ji alone); None where
+    they are not of that form."""
+    if length % 8 or length <= 8:
+        return None
+    counters = {"s": lay.slots, "jo": length // 8, "ji": 8}
+    local = {"o_": f"s * {lay.groups} + {gid}", "j_": "jo * 8 + ji"}
+    hoisted, every = offsets.hoist_indices(v, lw.thread_bases, lw.kernel_decls, counters, local)
+    if not every or re.search(r"\b(?:o_|j_)\b", hoisted):
+        return None
+    return ["#pragma unroll", f"for (int jo = 0; jo < {length // 8}; ++jo)", "  #pragma unroll",
+            f"  for (int ji = 0; ji < 8; ++ji) p_ = {comb('p_', hoisted)};"]
 
 
 def lower_rms_norm(lw: Lowering, node) -> None:

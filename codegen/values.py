@@ -10,7 +10,7 @@ from mugraph.codegen.kernel_ir import Step
 from mugraph.codegen.layouts import Frag, Rows, broadcast, linear, prod, same_rows
 from mugraph.codegen.placement import Const, Ctx, Inline, Reg, Smem, Tile, describe
 from mugraph.codegen.thread import render_thread
-from mugraph.ir.ops import BOp
+from mugraph.ir.ops import BOp, TOp
 
 if TYPE_CHECKING:
     from mugraph.codegen.lower import Lowering
@@ -68,6 +68,11 @@ def _inline(lw: Lowering, node, coords, mode, ctx) -> str:
         rcoords[node.arg[0]] = "0"
         r = smem_read(lw.mats[(node, "rms")], rcoords)
         return f"({read_at(lw, x, coords, child_mode(x, ctx, mode), ctx)} * {r})"
+    scaled = scaled_exp(lw, node)
+    if scaled:   # exp(x * c) = 2^(x * c log2(e)): one multiply and MUFU.EX2 (__expf would multiply twice)
+        x, c = scaled
+        value = read_at(lw, x, broadcast(x.shape, node.shape, coords), child_mode(x, ctx, mode), ctx)
+        return f"mg_exp2({value} * {R.literal(c * LOG2E)})"
     args = []
     for s in node.srcs:
         c = broadcast(s.shape, node.shape, coords)
@@ -75,6 +80,35 @@ def _inline(lw: Lowering, node, coords, mode, ctx) -> str:
     if node.op is BOp.THREAD:
         return render_thread(node.arg, args)
     return R.elementwise(node.op, args, node.arg)
+
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x log2 e)
+
+
+def scale_of(node) -> tuple | None:
+    """(x, c) where ``node`` is x times the scalar constant c (either order); else None."""
+    if node.op is not TOp.MUL:
+        return None
+    for x, k in (node.srcs, node.srcs[::-1]):
+        if k.op is BOp.CONSTANT and prod(k.shape) == 1 and prod(x.shape) == prod(node.shape):
+            return x, float(k.arg[0])
+    return None
+
+
+def scaled_exp(lw: Lowering, node) -> tuple | None:
+    """(x, c) where ``node`` is exp of x * c and that product is read by the exp alone and left inline (the
+    exp folds the scale: ``fold_into_exp``); else None."""
+    if node.op is not TOp.EXP or not isinstance(lw.place.get(node.srcs[0]), Inline):
+        return None
+    return scale_of(node.srcs[0]) if fold_into_exp(lw, node.srcs[0]) else None
+
+
+def fold_into_exp(lw: Lowering, node) -> bool:
+    """Whether ``node`` (x * c) is read only by an exp, which computes 2^(x * c log2 e) itself: the product is
+    then not materialised."""
+    if scale_of(node) is None or lw.uses[node] != 1:
+        return False
+    return any(n.op is TOp.EXP and n.srcs[0] is node for n in lw.order)
 
 
 def tile_read(t: Tile, coords) -> str:

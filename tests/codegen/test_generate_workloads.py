@@ -132,3 +132,12 @@ def test_one_barrier_per_iteration_and_no_prologue_wait(name, arch):
     assert not waits or (prologue.find("mg_cp_async_wait_group") > prologue.rfind("mg_cp_async_commit")
                          and waits == [str(prologue.count("mg_cp_async_commit") - 1)])
     assert body.count("mg_syncthreads()") == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+def test_exp_of_a_scaled_score_is_one_exp2_with_the_scale_folded(arch):
+    """qknorm_gqa's exp(s * 0.125): 2^(s * 0.125 log2 e), one multiply by the folded constant and no materialised
+    product (codegen/values.scaled_exp); the harness tests above check the numbers."""
+    source = generate(workloads.get("qknorm_gqa").reference(), arch).source
+    assert re.search(r"mg_exp2\(v\d+\[bi\]\[mi\]\[ni\]\[q\] \* 0\.180336878f\)", source)
+    assert "mg_exp(" not in source and "* 0.125f" not in source

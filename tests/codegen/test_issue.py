@@ -21,14 +21,30 @@ mg_syncthreads();
 
 
 def test_a_loop_is_counted_by_class_as_by_hand():
-    # e_: tid + 3 * 128, runtime: 2 integer ops. The i loop unrolls (4 trips): 4 mma, 4 x (ex2 + its multiply,
-    # the * 2.0f): 4 MUFU, 8 FP32; acc[i], b[i], v[i] are registers. The j loop starts at a lane: 2 trips, each
-    # j * 2 + 1 (2 integer ops), one add, one shared load. ldmatrix.x4: 4 wavefronts, one instruction, lane * 8
-    # and the address-of: 2 integer ops. The if: its test (no arithmetic), one shared store (a constant index).
-    # One barrier.
+    # e_: tid + 3 * 128, runtime: one add (the constant folds into it). The i loop unrolls (4 trips): 4 mma,
+    # 4 x (ex2 + its multiply, the * 2.0f): 4 MUFU, 8 FP32; acc[i], b[i], v[i] are registers. The j loop starts
+    # at a lane: 2 trips, each j * 2 + 1 (one integer op: the + 1 is the load's immediate offset), one add, one
+    # shared load. ldmatrix.x4: 4 wavefronts, one instruction, lane * 8: one integer op (taking the address is
+    # none). The if: its test (no arithmetic), one shared store (a constant index). One barrier.
     ops = count(LOOP)
-    assert ops == TripOps(mma=4, mufu=4, fp32=10, int=8, shared=7, copies=0, barriers=1, shared_ops=4)
-    assert ops.issue == 4 + 4 + 10 + 8 + 4 + 0 + 1
+    assert ops == TripOps(mma=4, mufu=4, fp32=10, int=4, shared=7, copies=0, barriers=1, shared_ops=4)
+    assert ops.issue == 4 + 4 + 10 + 4 + 4 + 0 + 1
+
+
+def test_constant_terms_of_an_address_are_its_immediate_offset():
+    # a hoisted copy: the shared and global offsets are a base plus constants (codegen/offsets.py)
+    hoisted = count("for (int i_ = 0; i_ < 4; ++i_) {\n  mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 2048));\n}")
+    assert hoisted.int == 4 * 1     # p1 + sm1o: one add per copy
+    # the same copy indexing by the element: every operator of both indices, per copy
+    plain = count("for (int i_ = 0; i_ < 4; ++i_) {\n  const int e_ = tid + i_ * 128;\n"
+                  "  mg_cp_async16(&sm1[(e_ / 8) * 64 + e_ % 8 * 8], p1 + (sm1g + (e_ / 8) * 64 + e_ % 8 * 8));\n}")
+    assert plain.int == 4 * (1 + 5 + 7)
+    # an ldmatrix address from a hoisted base: one xor with a constant; the row step is the immediate offset
+    assert count("mg_ldmatrix_x4(t, &sm1c[(h1_ ^ 16) + 2048]);").int == 1
+    # a stored value is floating-point work (though it reads shared memory), its address integer work; two fp16
+    # roundings packed are one F2FP.F16.F32.PACK_AB
+    stored = count("mg_st16(&sm7[h3_ + 512], mg_u32x4{mg_pack2(mg_f2h(sm1c[h3_] * y), mg_f2h(z * w)), 0, 0, 0});")
+    assert (stored.int, stored.fp32) == (0, 2 + 1)
 
 
 def test_a_trips_clocks_by_hand():

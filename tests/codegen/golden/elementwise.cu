@@ -11,14 +11,18 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   const int tid = mg_tid_x();
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 0);  // input 0 tile [16, 64]
   const long long sm0g = (long long)mg_bid_x() * 2048 + (long long)mg_bid_y() * 64;  // block's tile origin
+  const int sm0t = ((tid / 8)) * 64 + tid % 8 * 8;  // this thread's first chunk
+  const long long sm0e = sm0g + ((tid / 8)) * 128 + tid % 8 * 8;
   MG_SPTR(float) const sm1 = (float*)(smem + 2048);  // input 1 tile [16, 1]
   const long long sm1g = (long long)mg_bid_x() * 16;  // block's tile origin
   const long long p2o = (long long)mg_bid_x() * 2048 + (long long)mg_bid_y() * 64;  // output 0 tile origin
   // loop-invariant input tiles
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm0[((e_ / 8)) * 64 + e_ % 8 * 8], p0 + (sm0g + ((e_ / 8)) * 128 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm0d[0], p0 + sm0e);
+    }
   }
   // scalar loads (rows not 16-byte chunks or strided)
   for (int i_ = 0; i_ < 1; ++i_) {

@@ -14,6 +14,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages (TMA)
   MG_SPTR(unsigned long long) const sm2 = (unsigned long long*)(smem + 40960);  // mbarriers: full and empty per stage
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,16,64] on 1x1x4 warps
+  const int h0_ = (((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) ^ ((((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
+  const int h1_ = (((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
   const int q8g = tid / 8, q8l = tid % 8;  // groups of 8 lanes
   MG_SPTR(float) const sm3 = (float*)(smem + 0);  // rsqrt[16, 1] (fp32)
   const long long p2o = (long long)mg_bid_x() * 64;  // output 0 tile origin
@@ -56,10 +58,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       for (int ks = 0; ks < 4; ++ks) {
         unsigned a[1][4], b[2][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[h1_ + ks * 1024]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
