@@ -13,67 +13,102 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 65536);  // input 0 tile [8, 64] x 4 stages
   const long long sm0g = 0;  // block's tile origin
+  const int sm0t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm0e = sm0g + ((tid / 8)) * 4096 + tid % 8 * 8;
   MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages
   const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
+  const int sm1t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm1e = sm1g + ((tid / 8)) * 4096 + tid % 8 * 8;
   MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [64, 64] x 4 stages
   const long long sm2g = (long long)mg_bid_x() * 64;  // block's tile origin
+  const int sm2t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm2e = sm2g + ((tid / 8)) * 4096 + tid % 8 * 8;
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,8,64] on 1x1x4 warps
+  const int h0_ = ((((f0m + 0 * 16 + (lane & 15) < 8 ? f0m + 0 * 16 + (lane & 15) : 7)) * 64 + (0 * 16 + (lane >> 4) * 8)) ^ (((((f0m + 0 * 16 + (lane & 15) < 8 ? f0m + 0 * 16 + (lane & 15) : 7)) * 64 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
+  const int h1_ = (((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
   const long long p3o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // stage 0 of the loop's input tiles
-  // cp.async 64 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    if (e_ < 64) mg_cp_async16(&sm0[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
+    // cp.async 64 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      const int e_ = tid + i_ * 128;
+      if (e_ < 64) mg_cp_async16(&sm0d[0], p0 + sm0e);
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm1[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = sm1 + sm1t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1e + i_ * 65536));
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm2[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = sm2 + sm2t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2e + i_ * 65536));
+    }
   }
   mg_cp_async_commit();
   // stage 1 of the loop's input tiles
-  // cp.async 64 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    if (e_ < 64) mg_cp_async16(&(sm0 + 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)1 * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = (sm0 + 512) + sm0t;
+    const long long sm0o = sm0e + (long long)1 * 64;
+    // cp.async 64 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      const int e_ = tid + i_ * 128;
+      if (e_ < 64) mg_cp_async16(&sm0d[0], p0 + sm0o);
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)1 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = (sm1 + 4096) + sm1t;
+    const long long sm1o = sm1e + (long long)1 * 262144;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 65536));
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)1 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = (sm2 + 4096) + sm2t;
+    const long long sm2o = sm2e + (long long)1 * 262144;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 65536));
+    }
   }
   mg_cp_async_commit();
   // stage 2 of the loop's input tiles
-  // cp.async 64 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    if (e_ < 64) mg_cp_async16(&(sm0 + 1024)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)2 * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = (sm0 + 1024) + sm0t;
+    const long long sm0o = sm0e + (long long)2 * 64;
+    // cp.async 64 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      const int e_ = tid + i_ * 128;
+      if (e_ < 64) mg_cp_async16(&sm0d[0], p0 + sm0o);
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = (sm1 + 8192) + sm1t;
+    const long long sm1o = sm1e + (long long)2 * 262144;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 65536));
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = (sm2 + 8192) + sm2t;
+    const long long sm2o = sm2e + (long long)2 * 262144;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 65536));
+    }
   }
   mg_cp_async_commit();
   float acc0[1][1][2][4] = {};  // acc_sum[8, 64]
@@ -88,22 +123,32 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     // prefetch the input tiles of iteration it + 3
     {
       const int itn = it + 3 < 64 ? it + 3 : 63, nbytes = it + 3 < 64 ? 16 : 0;
-      // cp.async 64 x 16 B
-      for (int i_ = 0; i_ < 1; ++i_) {
-        const int e_ = tid + i_ * 128;
-        if (e_ < 64) mg_cp_async16_zfill(&(sm0 + (it + 3) % 4 * 512)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm0d = (sm0 + (it + 3) % 4 * 512) + sm0t;
+        const long long sm0o = sm0e + (long long)itn * 64;
+        // cp.async 64 x 16 B
+        for (int i_ = 0; i_ < 1; ++i_) {
+          const int e_ = tid + i_ * 128;
+          if (e_ < 64) mg_cp_async16_zfill(&sm0d[0], p0 + sm0o, nbytes);
+        }
       }
-      // cp.async 512 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 4; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm1d = (sm1 + (it + 3) % 4 * 4096) + sm1t;
+        const long long sm1o = sm1e + (long long)itn * 262144;
+        // cp.async 512 x 16 B
+        #pragma unroll
+        for (int i_ = 0; i_ < 4; ++i_) {
+          mg_cp_async16_zfill(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 65536), nbytes);
+        }
       }
-      // cp.async 512 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 4; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p2 + (sm2g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm2d = (sm2 + (it + 3) % 4 * 4096) + sm2t;
+        const long long sm2o = sm2e + (long long)itn * 262144;
+        // cp.async 512 x 16 B
+        #pragma unroll
+        for (int i_ = 0; i_ < 4; ++i_) {
+          mg_cp_async16_zfill(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 65536), nbytes);
+        }
       }
       mg_cp_async_commit();
     }
@@ -115,10 +160,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       for (int ks = 0; ks < 4; ++ks) {
         unsigned a[1][4], b[2][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ (((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[h1_ + ks * 1024]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -134,10 +179,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       for (int ks = 0; ks < 4; ++ks) {
         unsigned a[1][4], b[2][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ (((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[h1_ + ks * 1024]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)

@@ -7,52 +7,87 @@ MG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }
 inline float mg_ninf() { return -HUGE_VALF; }
 #endif
 
-// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 32; 57344 bytes of dynamic shared memory
-//   sm1 [0, 32768) input 1 tile [1, 64, 128] x 2 stages
+// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 32; 81920 bytes of dynamic shared memory
+//   sm1 [0, 49152) input 1 tile [1, 64, 128] x 3 stages
 //   sm3 [0, 16) whether this CTA finishes the block
-//   sm2 [32768, 49152) input 2 tile [1, 128, 32] x 2 stages
-//   sm0 [49152, 57344) input 0 tile [1, 64, 64]
+//   sm2 [49152, 73728) input 2 tile [1, 128, 32] x 3 stages
+//   sm0 [73728, 81920) input 0 tile [1, 64, 64]
 MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
   const int sp_ = mg_bid_z() / 2;  // which of the 8 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [1, 64, 64]
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 73728);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096;  // block's tile origin
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 2 stages
+  const int sm0t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm0e = sm0g + ((tid / 8)) * 64 + tid % 8 * 8;
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 3 stages
   const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 512;  // block's tile origin
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 128, 32] x 2 stages
+  const int sm1t = ((((tid / 16)) * 128 + (tid % 16 * 8)) ^ (((((tid / 16)) * 128 + (tid % 16 * 8)) >> 4) & 56));  // this thread's first chunk
+  const long long sm1e = sm1g + ((tid / 16)) * 4096 + tid % 16 * 8;
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 49152);  // input 2 tile [1, 128, 32] x 3 stages
   const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 32768;  // block's tile origin
+  const int sm2t = ((((tid / 4)) * 32 + (tid % 4 * 8)) ^ (((((tid / 4)) * 32 + (tid % 4 * 8)) >> 3) & 24));  // this thread's first chunk
+  const long long sm2e = sm2g + ((tid / 4)) * 64 + tid % 4 * 8;
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 128;  // [1,64,128] on 1x4x1 warps
   unsigned qa0[1][4][1][4];  // A fragments of input[1, 64, 64], kept in registers across the loop
+  const int h0_ = (((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) ^ ((((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
+  const int h1_ = (((0 * 16 + (lane & 15)) * 128 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 128 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 4) & 56));  // a thread's shared-memory offset, once
   const int f1m = warp / 1 % 4 * 16, f1n = warp % 1 * 32;  // [1,64,32] on 1x4x1 warps
+  const int h2_ = (((0 * 16 + (lane & 15)) * 32 + (f1n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 32 + (f1n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 24));  // a thread's shared-memory offset, once
   const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 4 * (mg_bid_z() % 2));  // the block this CTA computes a share of
   const long long ws_ = (long long)tile_ * 17408;  // its partials
   MG_SPTR(int) const sm3 = (int*)(smem + 0);  // whether this CTA finishes the block
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096 + (long long)(mg_bid_z() % 2) * 32;  // output 0 tile origin
   // loop-invariant input tiles
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm0[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + ((e_ / 8)) * 64 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm0d[i_ * 1024], p0 + (sm0e + i_ * 1024));
+    }
   }
   mg_cp_async_commit();
   // stage 0 of the loop's input tiles
-  // cp.async 1024 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 8; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm1[((((e_ / 16)) * 128 + (e_ % 16 * 8)) ^ (((((e_ / 16)) * 128 + (e_ % 16 * 8)) >> 4) & 56))], p1 + (sm1g + ((e_ / 16)) * 4096 + e_ % 16 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = sm1 + sm1t;
+    // cp.async 1024 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 8; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1e + i_ * 32768));
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm2[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + ((e_ / 4)) * 64 + e_ % 4 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = sm2 + sm2t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2e + i_ * 2048));
+    }
   }
   mg_cp_async_commit();
-  mg_cp_async_wait_group<1>();
+  // stage 1 of the loop's input tiles
+  {
+    MG_SPTR(mg_half) const sm1d = (sm1 + 8192) + sm1t;
+    const long long sm1o = sm1e + (long long)1 * 128;
+    // cp.async 1024 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 8; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 32768));
+    }
+  }
+  {
+    MG_SPTR(mg_half) const sm2d = (sm2 + 4096) + sm2t;
+    const long long sm2o = sm2e + (long long)1 * 8192;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 2048));
+    }
+  }
+  mg_cp_async_commit();
+  mg_cp_async_wait_group<2>();
   mg_syncthreads();
   // A fragments of input[1, 64, 64] into registers, once
   for (int bi = 0; bi < 1; ++bi) {
@@ -60,7 +95,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
     #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       for (int mi = 0; mi < 1; ++mi)
-        mg_ldmatrix_x4(qa0[bi][ks][mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+        mg_ldmatrix_x4(qa0[bi][ks][mi], &a_[(h0_ ^ (ks * 16))]);
     }
   }
   float acc0[1][1][2];  // acc_max_last[1, 64, 1]
@@ -74,24 +109,30 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
   float acc2[1][1][2] = {};  // acc_sum_last_rescale[1, 64, 1]
 #pragma unroll 1
   for (int it = 0; it < 4; ++it) {
-    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
+    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
-    MG_SPTR(mg_half) const sm1c = sm1 + it % 2 * 8192;
-    MG_SPTR(mg_half) const sm2c = sm2 + it % 2 * 4096;
-    // prefetch the input tiles of iteration it + 1
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 3 * 8192;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 3 * 4096;
+    // prefetch the input tiles of iteration it + 2
     {
-      const int itn = it + 1 < 4 ? it + 1 : 3, nbytes = it + 1 < 4 ? 16 : 0;
-      // cp.async 1024 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 8; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 1) % 2 * 8192)[((((e_ / 16)) * 128 + (e_ % 16 * 8)) ^ (((((e_ / 16)) * 128 + (e_ % 16 * 8)) >> 4) & 56))], p1 + (sm1g + (long long)itn * 128 + ((e_ / 16)) * 4096 + e_ % 16 * 8), nbytes);
+      const int itn = it + 2 < 4 ? it + 2 : 3, nbytes = it + 2 < 4 ? 16 : 0;
+      {
+        MG_SPTR(mg_half) const sm1d = (sm1 + (it + 2) % 3 * 8192) + sm1t;
+        const long long sm1o = sm1e + (long long)itn * 128;
+        // cp.async 1024 x 16 B
+        #pragma unroll
+        for (int i_ = 0; i_ < 8; ++i_) {
+          mg_cp_async16_zfill(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 32768), nbytes);
+        }
       }
-      // cp.async 512 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 4; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 1) % 2 * 4096)[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + (long long)itn * 8192 + ((e_ / 4)) * 64 + e_ % 4 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm2d = (sm2 + (it + 2) % 3 * 4096) + sm2t;
+        const long long sm2o = sm2e + (long long)itn * 8192;
+        // cp.async 512 x 16 B
+        #pragma unroll
+        for (int i_ = 0; i_ < 4; ++i_) {
+          mg_cp_async16_zfill(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 2048), nbytes);
+        }
       }
       mg_cp_async_commit();
     }
@@ -108,7 +149,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
         #pragma unroll
         for (int nj = 0; nj < 8; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 128 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 128 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 4) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(h1_ ^ (nj * 16)) + ks * 2048]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -194,7 +235,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
         #pragma unroll
         for (int nj = 0; nj < 2; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 32 + (f1n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 32 + (f1n + nj * 16 + (lane >> 4) * 8)) >> 3) & 24))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(h2_ ^ (nj * 16)) + ks * 512]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)

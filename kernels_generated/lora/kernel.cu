@@ -13,75 +13,113 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 32768);  // input 0 tile [16, 64] x 4 stages
   const long long sm0g = 0;  // block's tile origin
+  const int sm0t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm0e = sm0g + ((tid / 8)) * 256 + tid % 8 * 8;
   MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [64, 64] x 4 stages
   const long long sm1g = (long long)mg_bid_x() * 64;  // block's tile origin
+  const int sm1t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm1e = sm1g + ((tid / 8)) * 4096 + tid % 8 * 8;
   MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 40960);  // input 2 tile [64, 16] x 4 stages
   const long long sm2g = 0;  // block's tile origin
+  const int sm2t = ((((tid / 2)) * 16 + (tid % 2 * 8)) ^ (((((tid / 2)) * 16 + (tid % 2 * 8)) >> 3) & 8));  // this thread's first chunk
+  const long long sm2e = sm2g + ((tid / 2)) * 16 + tid % 2 * 8;
   MG_SPTR(mg_half) const sm3 = (mg_half*)(smem + 49152);  // input 3 tile [16, 64]
   const long long sm3g = (long long)mg_bid_x() * 64;  // block's tile origin
+  const int sm3t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm3e = sm3g + ((tid / 8)) * 4096 + tid % 8 * 8;
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,16,64] on 1x1x4 warps
+  const int h0_ = (((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) ^ ((((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
+  const int h1_ = (((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
   const int f1b = warp / 2 * 1, f1m = warp / 2 % 1 * 16, f1n = warp % 2 * 8;  // [1,16,16] on 1x1x2 warps
+  const int h2_ = (((0 * 16 + (lane & 15)) * 16 + (f1n + 0 * 8)) ^ ((((0 * 16 + (lane & 15)) * 16 + (f1n + 0 * 8)) >> 3) & 8));  // a thread's shared-memory offset, once
   MG_SPTR(mg_half) const sm4 = (mg_half*)(smem + 0);  // acc_sum[16, 16] as f16 operand A
+  const int h3_ = (((f0m + 0 * 16 + (lane & 15)) * 16 + (0 * 16 + (lane >> 4) * 8)) ^ ((((f0m + 0 * 16 + (lane & 15)) * 16 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 8));  // a thread's shared-memory offset, once
   const long long p4o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // loop-invariant input tiles
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm3[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p3 + (sm3g + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm3d = sm3 + sm3t;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm3d[0], p3 + sm3e);
+    }
   }
   mg_cp_async_commit();
   // stage 0 of the loop's input tiles
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm0[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + ((e_ / 8)) * 256 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm0d[0], p0 + sm0e);
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm1[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = sm1 + sm1t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1e + i_ * 65536));
+    }
   }
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm2[((((e_ / 2)) * 16 + (e_ % 2 * 8)) ^ (((((e_ / 2)) * 16 + (e_ % 2 * 8)) >> 3) & 8))], p2 + (sm2g + ((e_ / 2)) * 16 + e_ % 2 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = sm2 + sm2t;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm2d[0], p2 + sm2e);
+    }
   }
   mg_cp_async_commit();
   // stage 1 of the loop's input tiles
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm0 + 1024)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)1 * 64 + ((e_ / 8)) * 256 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = (sm0 + 1024) + sm0t;
+    const long long sm0o = sm0e + (long long)1 * 64;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm0d[0], p0 + sm0o);
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)1 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = (sm1 + 4096) + sm1t;
+    const long long sm1o = sm1e + (long long)1 * 262144;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 65536));
+    }
   }
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 1024)[((((e_ / 2)) * 16 + (e_ % 2 * 8)) ^ (((((e_ / 2)) * 16 + (e_ % 2 * 8)) >> 3) & 8))], p2 + (sm2g + (long long)1 * 1024 + ((e_ / 2)) * 16 + e_ % 2 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = (sm2 + 1024) + sm2t;
+    const long long sm2o = sm2e + (long long)1 * 1024;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm2d[0], p2 + sm2o);
+    }
   }
   mg_cp_async_commit();
   // stage 2 of the loop's input tiles
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm0 + 2048)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)2 * 64 + ((e_ / 8)) * 256 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = (sm0 + 2048) + sm0t;
+    const long long sm0o = sm0e + (long long)2 * 64;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm0d[0], p0 + sm0o);
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm1 + 8192)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)2 * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = (sm1 + 8192) + sm1t;
+    const long long sm1o = sm1e + (long long)2 * 262144;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 65536));
+    }
   }
-  // cp.async 128 x 16 B
-  for (int i_ = 0; i_ < 1; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&(sm2 + 2048)[((((e_ / 2)) * 16 + (e_ % 2 * 8)) ^ (((((e_ / 2)) * 16 + (e_ % 2 * 8)) >> 3) & 8))], p2 + (sm2g + (long long)2 * 1024 + ((e_ / 2)) * 16 + e_ % 2 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = (sm2 + 2048) + sm2t;
+    const long long sm2o = sm2e + (long long)2 * 1024;
+    // cp.async 128 x 16 B
+    for (int i_ = 0; i_ < 1; ++i_) {
+      mg_cp_async16(&sm2d[0], p2 + sm2o);
+    }
   }
   mg_cp_async_commit();
   float acc0[1][1][2][4] = {};  // acc_sum[16, 64]
@@ -96,21 +134,30 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     // prefetch the input tiles of iteration it + 3
     {
       const int itn = it + 3 < 4 ? it + 3 : 3, nbytes = it + 3 < 4 ? 16 : 0;
-      // cp.async 128 x 16 B
-      for (int i_ = 0; i_ < 1; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm0 + (it + 3) % 4 * 1024)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + (long long)itn * 64 + ((e_ / 8)) * 256 + e_ % 8 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm0d = (sm0 + (it + 3) % 4 * 1024) + sm0t;
+        const long long sm0o = sm0e + (long long)itn * 64;
+        // cp.async 128 x 16 B
+        for (int i_ = 0; i_ < 1; ++i_) {
+          mg_cp_async16_zfill(&sm0d[0], p0 + sm0o, nbytes);
+        }
       }
-      // cp.async 512 x 16 B
-#pragma unroll
-      for (int i_ = 0; i_ < 4; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm1 + (it + 3) % 4 * 4096)[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p1 + (sm1g + (long long)itn * 262144 + ((e_ / 8)) * 4096 + e_ % 8 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm1d = (sm1 + (it + 3) % 4 * 4096) + sm1t;
+        const long long sm1o = sm1e + (long long)itn * 262144;
+        // cp.async 512 x 16 B
+        #pragma unroll
+        for (int i_ = 0; i_ < 4; ++i_) {
+          mg_cp_async16_zfill(&sm1d[i_ * 1024], p1 + (sm1o + i_ * 65536), nbytes);
+        }
       }
-      // cp.async 128 x 16 B
-      for (int i_ = 0; i_ < 1; ++i_) {
-        const int e_ = tid + i_ * 128;
-        mg_cp_async16_zfill(&(sm2 + (it + 3) % 4 * 1024)[((((e_ / 2)) * 16 + (e_ % 2 * 8)) ^ (((((e_ / 2)) * 16 + (e_ % 2 * 8)) >> 3) & 8))], p2 + (sm2g + (long long)itn * 1024 + ((e_ / 2)) * 16 + e_ % 2 * 8), nbytes);
+      {
+        MG_SPTR(mg_half) const sm2d = (sm2 + (it + 3) % 4 * 1024) + sm2t;
+        const long long sm2o = sm2e + (long long)itn * 1024;
+        // cp.async 128 x 16 B
+        for (int i_ = 0; i_ < 1; ++i_) {
+          mg_cp_async16_zfill(&sm2d[0], p2 + sm2o, nbytes);
+        }
       }
       mg_cp_async_commit();
     }
@@ -122,10 +169,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       for (int ks = 0; ks < 4; ++ks) {
         unsigned a[1][4], b[2][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[h1_ + ks * 1024]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -142,8 +189,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
         for (int ks = 0; ks < 4; ++ks) {
           unsigned a[1][4], b[1][2];
           for (int mi = 0; mi < 1; ++mi)
-            mg_ldmatrix_x4(a[mi], &a_[(((f1m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f1m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
-          mg_ldmatrix_x2_trans(b[0], &bb_[(((ks * 16 + (lane & 15)) * 16 + (f1n + 0 * 8)) ^ ((((ks * 16 + (lane & 15)) * 16 + (f1n + 0 * 8)) >> 3) & 8))]);
+            mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
+          mg_ldmatrix_x2_trans(b[0], &bb_[h2_ + ks * 256]);
           for (int mi = 0; mi < 1; ++mi)
             for (int ni = 0; ni < 1; ++ni) mg_mma_m16n8k16_f16(acc1[bi][mi][ni], a[mi], b[ni]);
         }
@@ -170,10 +217,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     for (int ks = 0; ks < 1; ++ks) {
       unsigned a[1][4], b[2][2];
       for (int mi = 0; mi < 1; ++mi)
-        mg_ldmatrix_x4(a[mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 16 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 16 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 8))]);
+        mg_ldmatrix_x4(a[mi], &a_[h3_]);
       for (int nj = 0; nj < 1; ++nj) {
         unsigned t[4];
-        mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+        mg_ldmatrix_x4_trans(t, &bb_[h1_]);
         b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
       }
       for (int mi = 0; mi < 1; ++mi)

@@ -16,10 +16,16 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 0);  // input 0 tile [1, 4096]
   const long long sm0g = (long long)mg_bid_x() * 4096;  // block's tile origin
+  const int sm0t = tid % 512 * 8;  // this thread's first chunk
+  const long long sm0e = sm0g + tid % 512 * 8;
   MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 8192);  // input 1 tile [1, 4096]
   const long long sm1g = (long long)mg_bid_x() * 4096;  // block's tile origin
+  const int sm1t = tid % 512 * 8;  // this thread's first chunk
+  const long long sm1e = sm1g + tid % 512 * 8;
   MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 16384);  // input 2 tile [1, 4096]
   const long long sm2g = (long long)mg_bid_x() * 4096;  // block's tile origin
+  const int sm2t = tid % 512 * 8;  // this thread's first chunk
+  const long long sm2e = sm2g + tid % 512 * 8;
   const int q128g = tid / 128, q128l = tid % 128;  // groups of 128 lanes
   MG_SPTR(float) const sm3 = (float*)(smem + 24576);  // warp partials (1 x 4)
   MG_SPTR(float) const sm4 = (float*)(smem + 24704);  // rsqrt(mean(x^2)) of rms_norm[1, 4096]
@@ -27,23 +33,29 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   MG_SPTR(float) const sm6 = (float*)(smem + 24576);  // rsqrt(mean(x^2)) of rms_norm[1, 4096]
   const long long p3o = (long long)mg_bid_x() * 4096;  // output 0 tile origin
   // loop-invariant input tiles
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm0[e_ % 512 * 8], p0 + (sm0g + e_ % 512 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm0d[i_ * 1024], p0 + (sm0e + i_ * 1024));
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm1[e_ % 512 * 8], p1 + (sm1g + e_ % 512 * 8));
+  {
+    MG_SPTR(mg_half) const sm1d = sm1 + sm1t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm1d[i_ * 1024], p1 + (sm1e + i_ * 1024));
+    }
   }
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm2[e_ % 512 * 8], p2 + (sm2g + e_ % 512 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = sm2 + sm2t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2e + i_ * 1024));
+    }
   }
   mg_cp_async_commit();
   mg_cp_async_wait_group<0>();

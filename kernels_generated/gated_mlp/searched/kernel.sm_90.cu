@@ -18,6 +18,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 98304);  // input 2 tile [256, 64] x 3 stages
   const long long sm2g = (long long)mg_bid_x() * 64;  // block's tile origin
   const int f0m = warp / 4 % 1 * 16, f0n = warp % 4 * 16;  // [1,8,64] on 1x1x4 warps
+  const int h0_ = ((((f0m + 0 * 16 + (lane & 15) < 8 ? f0m + 0 * 16 + (lane & 15) : 7)) * 256 + (0 * 16 + (lane >> 4) * 8)) ^ (((((f0m + 0 * 16 + (lane & 15) < 8 ? f0m + 0 * 16 + (lane & 15) : 7)) * 256 + (0 * 16 + (lane >> 4) * 8)) >> 5) & 56));  // a thread's shared-memory offset, once
+  const int h1_ = (((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 64 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
   const long long p3o = (long long)mg_bid_x() * 64;  // output 0 tile origin
   // stage 0 of the loop's input tiles
   // cp.async 256 x 16 B
@@ -99,10 +101,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       for (int ks = 0; ks < 16; ++ks) {
         unsigned a[1][4], b[2][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 256 + (ks * 16 + (lane >> 4) * 8)) ^ (((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 256 + (ks * 16 + (lane >> 4) * 8)) >> 5) & 56))]);
+          mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[h1_ + ks * 1024]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -118,10 +120,10 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
       for (int ks = 0; ks < 16; ++ks) {
         unsigned a[1][4], b[2][2];
         for (int mi = 0; mi < 1; ++mi)
-          mg_ldmatrix_x4(a[mi], &a_[((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 256 + (ks * 16 + (lane >> 4) * 8)) ^ (((((f0m + mi * 16 + (lane & 15) < 8 ? f0m + mi * 16 + (lane & 15) : 7)) * 256 + (ks * 16 + (lane >> 4) * 8)) >> 5) & 56))]);
+          mg_ldmatrix_x4(a[mi], &a_[(h0_ ^ (ks * 16))]);
         for (int nj = 0; nj < 1; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 64 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[h1_ + ks * 1024]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)

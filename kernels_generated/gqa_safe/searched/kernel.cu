@@ -7,35 +7,44 @@ MG_DEVICE float mg_ninf() { return __int_as_float(0xff800000u); }
 inline float mg_ninf() { return -HUGE_VALF; }
 #endif
 
-// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 16; 57344 bytes of dynamic shared memory
-//   sm1 [0, 32768) input 1 tile [1, 64, 256]
+// mg_kernel0: grid (2, 4, 2) x 128 threads, forloop 16; 155648 bytes of dynamic shared memory
+//   sm1 [0, 98304) input 1 tile [1, 64, 256] x 3 stages
 //   sm3 [0, 16) whether this CTA finishes the block
-//   sm2 [32768, 49152) input 2 tile [1, 256, 32]
-//   sm0 [49152, 57344) input 0 tile [1, 64, 64]
-MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
+//   sm2 [98304, 147456) input 2 tile [1, 256, 32] x 3 stages
+//   sm0 [147456, 155648) input 0 tile [1, 64, 64]
+MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr) {
   MG_SHARED_DYN(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  const int sp_ = mg_bid_z() / 2;  // which of the 16 CTAs of the loop
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 49152);  // input 0 tile [1, 64, 64]
+  const int sp_ = mg_bid_z() / 2;  // which of the 4 CTAs of the loop
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 147456);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096;  // block's tile origin
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 256]
-  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 256;  // block's tile origin
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 32768);  // input 2 tile [1, 256, 32]
-  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 16384;  // block's tile origin
+  const int sm0t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
+  const long long sm0e = sm0g + ((tid / 8)) * 64 + tid % 8 * 8;
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 256] x 3 stages
+  const long long sm1g = (long long)mg_bid_x() * 262144 + (long long)sp_ * 1024;  // block's tile origin
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 98304);  // input 2 tile [1, 256, 32] x 3 stages
+  const long long sm2g = (long long)mg_bid_x() * 262144 + (long long)(mg_bid_z() % 2) * 32 + (long long)sp_ * 65536;  // block's tile origin
+  const int sm2t = ((((tid / 4)) * 32 + (tid % 4 * 8)) ^ (((((tid / 4)) * 32 + (tid % 4 * 8)) >> 3) & 24));  // this thread's first chunk
+  const long long sm2e = sm2g + ((tid / 4)) * 64 + tid % 4 * 8;
   const int f0m = warp / 1 % 4 * 16, f0n = warp % 1 * 256;  // [1,64,256] on 1x4x1 warps
   unsigned qa0[1][4][1][4];  // A fragments of input[1, 64, 64], kept in registers across the loop
+  const int h0_ = (((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) ^ ((((f0m + 0 * 16 + (lane & 15)) * 64 + (0 * 16 + (lane >> 4) * 8)) >> 3) & 56));  // a thread's shared-memory offset, once
+  const int h1_ = (((0 * 16 + (lane & 15)) * 256 + (f0n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 256 + (f0n + 0 * 16 + (lane >> 4) * 8)) >> 5) & 56));  // a thread's shared-memory offset, once
   const int f1m = warp / 1 % 4 * 16, f1n = warp % 1 * 32;  // [1,64,32] on 1x4x1 warps
+  const int h2_ = (((0 * 16 + (lane & 15)) * 32 + (f1n + 0 * 16 + (lane >> 4) * 8)) ^ ((((0 * 16 + (lane & 15)) * 32 + (f1n + 0 * 16 + (lane >> 4) * 8)) >> 3) & 24));  // a thread's shared-memory offset, once
   const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 4 * (mg_bid_z() % 2));  // the block this CTA computes a share of
-  const long long ws_ = (long long)tile_ * 34816;  // its partials
+  const long long ws_ = (long long)tile_ * 8704;  // its partials
   MG_SPTR(int) const sm3 = (int*)(smem + 0);  // whether this CTA finishes the block
   const long long p3o = (long long)mg_bid_x() * 16384 + (long long)mg_bid_y() * 4096 + (long long)(mg_bid_z() % 2) * 32;  // output 0 tile origin
   // loop-invariant input tiles
-  // cp.async 512 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 4; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm0[((((e_ / 8)) * 64 + (e_ % 8 * 8)) ^ (((((e_ / 8)) * 64 + (e_ % 8 * 8)) >> 3) & 56))], p0 + (sm0g + ((e_ / 8)) * 64 + e_ % 8 * 8));
+  {
+    MG_SPTR(mg_half) const sm0d = sm0 + sm0t;
+    // cp.async 512 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 4; ++i_) {
+      mg_cp_async16(&sm0d[i_ * 1024], p0 + (sm0e + i_ * 1024));
+    }
   }
   mg_cp_async_commit();
   // stage 0 of the loop's input tiles
@@ -45,14 +54,33 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
     const int e_ = tid + i_ * 128;
     mg_cp_async16(&sm1[((((e_ / 32)) * 256 + (e_ % 32 * 8)) ^ (((((e_ / 32)) * 256 + (e_ % 32 * 8)) >> 5) & 56))], p1 + (sm1g + ((e_ / 32)) * 4096 + e_ % 32 * 8));
   }
-  // cp.async 1024 x 16 B
-#pragma unroll
-  for (int i_ = 0; i_ < 8; ++i_) {
-    const int e_ = tid + i_ * 128;
-    mg_cp_async16(&sm2[((((e_ / 4)) * 32 + (e_ % 4 * 8)) ^ (((((e_ / 4)) * 32 + (e_ % 4 * 8)) >> 3) & 24))], p2 + (sm2g + ((e_ / 4)) * 64 + e_ % 4 * 8));
+  {
+    MG_SPTR(mg_half) const sm2d = sm2 + sm2t;
+    // cp.async 1024 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 8; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2e + i_ * 2048));
+    }
   }
   mg_cp_async_commit();
-  mg_cp_async_wait_group<1>();
+  // stage 1 of the loop's input tiles
+  // cp.async 2048 x 16 B
+#pragma unroll 8
+  for (int i_ = 0; i_ < 16; ++i_) {
+    const int e_ = tid + i_ * 128;
+    mg_cp_async16(&(sm1 + 16384)[((((e_ / 32)) * 256 + (e_ % 32 * 8)) ^ (((((e_ / 32)) * 256 + (e_ % 32 * 8)) >> 5) & 56))], p1 + (sm1g + (long long)1 * 256 + ((e_ / 32)) * 4096 + e_ % 32 * 8));
+  }
+  {
+    MG_SPTR(mg_half) const sm2d = (sm2 + 8192) + sm2t;
+    const long long sm2o = sm2e + (long long)1 * 16384;
+    // cp.async 1024 x 16 B
+    #pragma unroll
+    for (int i_ = 0; i_ < 8; ++i_) {
+      mg_cp_async16(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 2048));
+    }
+  }
+  mg_cp_async_commit();
+  mg_cp_async_wait_group<2>();
   mg_syncthreads();
   // A fragments of input[1, 64, 64] into registers, once
   for (int bi = 0; bi < 1; ++bi) {
@@ -60,7 +88,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
     #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       for (int mi = 0; mi < 1; ++mi)
-        mg_ldmatrix_x4(qa0[bi][ks][mi], &a_[(((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) ^ ((((f0m + mi * 16 + (lane & 15)) * 64 + (ks * 16 + (lane >> 4) * 8)) >> 3) & 56))]);
+        mg_ldmatrix_x4(qa0[bi][ks][mi], &a_[(h0_ ^ (ks * 16))]);
     }
   }
   float acc0[1][1][2];  // acc_max_last[1, 64, 1]
@@ -72,13 +100,36 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
   float acc0p[1][1][2], acc0f[1][1][2];  // previous value, rescale factor
   float acc1[1][1][4][4] = {};  // acc_sum_rescale[1, 64, 32]
   float acc2[1][1][2] = {};  // acc_sum_last_rescale[1, 64, 1]
-  {  // the loop's single iteration
-    mg_cp_async_wait_group<0>();  // this iteration's tiles landed
+#pragma unroll 1
+  for (int it = 0; it < 4; ++it) {
+    mg_cp_async_wait_group<1>();  // this iteration's tiles landed
     mg_syncthreads();  // ... for every thread; the previous iteration is done with its buffers
+    MG_SPTR(mg_half) const sm1c = sm1 + it % 3 * 16384;
+    MG_SPTR(mg_half) const sm2c = sm2 + it % 3 * 8192;
+    // prefetch the input tiles of iteration it + 2
+    {
+      const int itn = it + 2 < 4 ? it + 2 : 3, nbytes = it + 2 < 4 ? 16 : 0;
+      // cp.async 2048 x 16 B
+#pragma unroll 8
+      for (int i_ = 0; i_ < 16; ++i_) {
+        const int e_ = tid + i_ * 128;
+        mg_cp_async16_zfill(&(sm1 + (it + 2) % 3 * 16384)[((((e_ / 32)) * 256 + (e_ % 32 * 8)) ^ (((((e_ / 32)) * 256 + (e_ % 32 * 8)) >> 5) & 56))], p1 + (sm1g + (long long)itn * 256 + ((e_ / 32)) * 4096 + e_ % 32 * 8), nbytes);
+      }
+      {
+        MG_SPTR(mg_half) const sm2d = (sm2 + (it + 2) % 3 * 8192) + sm2t;
+        const long long sm2o = sm2e + (long long)itn * 16384;
+        // cp.async 1024 x 16 B
+        #pragma unroll
+        for (int i_ = 0; i_ < 8; ++i_) {
+          mg_cp_async16_zfill(&sm2d[i_ * 1024], p2 + (sm2o + i_ * 2048), nbytes);
+        }
+      }
+      mg_cp_async_commit();
+    }
     float v0[1][1][32][4] = {};
     // matmul[1, 64, 256] on tensor cores
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm1;
+      const mg_half* const bb_ = sm1c;
       #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         unsigned a[1][4], b[32][2];
@@ -88,7 +139,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
         #pragma unroll
         for (int nj = 0; nj < 16; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 256 + (f0n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 256 + (f0n + nj * 16 + (lane >> 4) * 8)) >> 5) & 56))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(h1_ ^ (nj * 16)) + ks * 4096]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -151,7 +202,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
       acc1[bi][mi][ni][q] *= acc0f[bi][mi][q >> 1];
     }
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm2;
+      const mg_half* const bb_ = sm2c;
       #pragma unroll
       for (int ks = 0; ks < 16; ++ks) {
         unsigned a[1][4], b[4][2];
@@ -164,7 +215,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
         #pragma unroll
         for (int nj = 0; nj < 2; ++nj) {
           unsigned t[4];
-          mg_ldmatrix_x4_trans(t, &bb_[(((ks * 16 + (lane & 15)) * 32 + (f1n + nj * 16 + (lane >> 4) * 8)) ^ ((((ks * 16 + (lane & 15)) * 32 + (f1n + nj * 16 + (lane >> 4) * 8)) >> 3) & 24))]);
+          mg_ldmatrix_x4_trans(t, &bb_[(h2_ ^ (nj * 16)) + ks * 512]);
           b[2 * nj][0] = t[0], b[2 * nj][1] = t[1], b[2 * nj + 1][0] = t[2], b[2 * nj + 1][1] = t[3];
         }
         for (int mi = 0; mi < 1; ++mi)
@@ -203,6 +254,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
       acc2[bi][mi][h] = acc2[bi][mi][h] + v3[bi][mi][h];
     }
   }
+  mg_cp_async_wait_group<0>();  // the last (empty) prefetches land before buffers are reused
   // publish this CTA's partial state (2176 floats)
   for (int bi = 0; bi < 1; ++bi)
   for (int mi = 0; mi < 1; ++mi)
@@ -225,21 +277,21 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
     if (t4_ == 0) mg_ws[ws_ + sp_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc2[bi][mi][h];
   }
   mg_syncthreads();
-  // count this CTA in; the last of the 16 finishes the block
+  // count this CTA in; the last of the 4 finishes the block
   mg_threadfence();  // this CTA's partials are visible to the others before it counts in
   mg_syncthreads();
-  if (tid == 0) sm3[0] = mg_atomic_inc(&mg_ctr[tile_]) == 15;
+  if (tid == 0) sm3[0] = mg_atomic_inc(&mg_ctr[tile_]) == 3;
   mg_syncthreads();
   // only the last CTA goes on
   if (sm3[0] == 0) return;
   mg_threadfence();
-  // combine the 16 partial states in split order: acc_max_last[1, 64, 1], acc_sum_rescale[1, 64, 32], acc_sum_last_rescale[1, 64, 1]
+  // combine the 4 partial states in split order: acc_max_last[1, 64, 1], acc_sum_rescale[1, 64, 32], acc_sum_last_rescale[1, 64, 1]
   for (int bi = 0; bi < 1; ++bi)
   for (int mi = 0; mi < 1; ++mi)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p_ = mg_ninf();
-    for (int k_ = 0; k_ < 16; ++k_) p_ = mg_fmax(p_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 4; ++k_) p_ = mg_fmax(p_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
     acc0[bi][mi][h] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -249,8 +301,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float m_ = mg_ninf(), p_ = 0.0f;
-    for (int k_ = 0; k_ < 16; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]));
-    for (int k_ = 0; k_ < 16; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]) - m_);
+    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]) - m_);
     acc1[bi][mi][ni][q] = p_;
   }
   for (int bi = 0; bi < 1; ++bi)
@@ -258,8 +310,8 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(128, 2) mg_kernel0(MG_PARAM(const mg_half) p0, M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float m_ = mg_ninf(), p_ = 0.0f;
-    for (int k_ = 0; k_ < 16; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
-    for (int k_ = 0; k_ < 16; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) - m_);
+    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) - m_);
     acc2[bi][mi][h] = p_;
   }
   if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
