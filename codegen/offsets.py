@@ -3,6 +3,7 @@ where an index expression of e is, for every thread, its value at i = 0 plus i t
 computes the i = 0 value once, before the main loop, and each trip adds only constants (immediate offsets)."""
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -18,17 +19,26 @@ def evaluate(expr: str, name, values=None) -> np.ndarray | None:
     ``name`` bound to its arrays (all non-negative: C's truncating division is Python's floor division there; the
     operators' precedence is the same in both); None where the expression names anything else."""
     env = dict(name) if values is None else {name: values}
-    if set(_NAME.findall(_CAST.sub("", expr))) - set(env):
+    compiled = _compiled(expr)
+    if compiled is None or compiled[0] - set(env):
         return None
+    out = eval(compiled[1], {"__builtins__": {}, "_where": np.where}, env)  # noqa: S307 -- our index text, names checked
+    shape = np.broadcast_shapes(*(np.shape(v) for v in env.values()))
+    return np.broadcast_to(np.asarray(out, dtype=np.int64), shape)
+
+
+@functools.lru_cache(maxsize=8192)
+def _compiled(expr: str):
+    """(the names ``expr`` reads, its Python code), or None where C and Python would read it apart (the same
+    index texts come back for every candidate a search costs, so each is translated once)."""
     text = _python(_DIVIDE.sub("//", _CAST.sub("", expr)))
     if text is None:
         return None
     try:
-        out = eval(text, {"__builtins__": {}, "_where": np.where}, env)  # noqa: S307 -- our index text, names checked
+        code = compile(text, "<index>", "eval")
     except SyntaxError:   # C that is not also Python: not hoisted
         return None
-    shape = np.broadcast_shapes(*(np.shape(v) for v in env.values()))
-    return np.broadcast_to(np.asarray(out, dtype=np.int64), shape)
+    return frozenset(_NAME.findall(_CAST.sub("", expr))), code
 
 
 _COMPARE = re.compile(r"(?<![<>])[<>](?![<>])|[<>=!]=")

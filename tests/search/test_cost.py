@@ -510,16 +510,18 @@ def test_the_model_by_hand_on_ntrans_reference_h200():
 
 
 def test_the_reference_and_searched_kernels_no_longer_tie_where_their_code_differs():
-    """rmsnorm_linear: the hand-written kernel (96 blocks x 64 trips of a 64-wide X tile) and the searched one
-    (48 blocks x 16 trips of a 256-wide tile) were both 13.33 us on h200; the searched one's loop reduces 4x the
-    X tile per trip on half the SMs, so it runs 2 CTAs of 8 trips per block."""
+    """rmsnorm_linear: the hand-written kernel (96 blocks x 64 trips of a 64-wide X tile) and a searched one
+    (48 blocks x 16 trips of a 256-wide tile: the winner shipped before the h200 search, kept in tests/search/data)
+    were both 13.33 us on h200; the searched one's loop reduces 4x the X tile per trip on half the SMs, so it runs
+    2 CTAs of 8 trips per block. (The winner now shipped, a 2 x 48 grid of 16 trips, streams HBM at the
+    same rate as the reference by the model: both are memory-bound, and the extra instructions hide under it.)"""
     from pathlib import Path
     from mugraph import ir, workloads
     from mugraph.codegen.arch import get_arch
     from mugraph.codegen.issue import trip_ops
-    root = Path(__file__).resolve().parents[2] / "kernels_generated"
+    data = Path(__file__).resolve().parent / "data"
     ref = workloads.get("rmsnorm_linear").reference()
-    searched = ir.from_json((root / "rmsnorm_linear" / "searched" / "graph.json").read_text())
+    searched = ir.from_json((data / "rmsnorm_linear_searched_48x16.json").read_text())
     a, b = cost.estimate(ref, "h200").kernels[0], cost.estimate(searched, "h200").kernels[0]
     assert abs(a.seconds - b.seconds) > 0.02 * a.seconds
     ops = [trip_ops(g.custom_ops()[0][0], get_arch("sm_90a"), k.stages, k.splits, cost.schedule(
@@ -544,17 +546,17 @@ def _forced_splits(monkeypatch, graph, target, d):
 
 # (CTAs, share of the HBM roofline) of the reference and the searched kernel at full shapes, from the model.
 STREAMING_AT_FULL_SHAPES = {
-    ("rmsnorm_linear", "h200"): ((96, 0.87), (96, 0.82)), ("rmsnorm_linear", "h100"): ((96, 0.88), (96, 0.84)),
+    ("rmsnorm_linear", "h200"): ((96, 0.87), (96, 0.87)), ("rmsnorm_linear", "h100"): ((96, 0.88), (96, 0.88)),
     ("gated_mlp", "h200"): ((64, 0.87), (64, 0.87)), ("gated_mlp", "h100"): ((64, 0.88), (64, 0.88)),
-    ("lora", "h200"): ((64, 0.66), (64, 0.66)), ("lora", "h100"): ((64, 0.72), (64, 0.54))}
+    ("lora", "h200"): ((64, 0.66), (32, 0.70)), ("lora", "h100"): ((64, 0.72), (32, 0.72))}
 
 
 @pytest.mark.parametrize("name, target", sorted(STREAMING_AT_FULL_SHAPES))
 def test_the_streaming_kernels_cta_counts_at_full_shapes_are_the_models_choice(monkeypatch, name, target):
     """Split-K is the model's choice: among the loop splits that fit, the schedule takes one whose estimate is
     within 3% of the fastest on the h200, the GPU sm_90a's schedule is sized for (the schedule weighs the busiest
-    SM's loop, the estimate adds launch and latency; on the h100 the searched rmsnorm_linear's 2 splits are 4%
-    slower than its 48 CTAs unsplit). At full shapes on h100 / h200 it does not reach 132 CTAs for these kernels: with one SM's L2 -> SM path at
+    SM's loop, the estimate adds launch and latency). The searched graphs are the shipped winners, searched for
+    the h200. At full shapes on h100 / h200 it does not reach 132 CTAs for these kernels: with one SM's L2 -> SM path at
     64 B/clk (a lead estimate: no published per-SM figure was found) and ~90 KB in flight per SM, 96 (64) SMs
     already stream HBM at its rate, so a split saves nothing the combine's tail (a hand-over of one HBM latency,
     0.6 us, plus the partials) does not cost back."""

@@ -29,29 +29,34 @@ template <int TA, int TB>
 inline void mg_wgmma_m64n128k16_f16_ss(float* d, unsigned long long desc_a, unsigned long long desc_b, int scale_d) { mgsm90_wgmma(d, 128, nullptr, desc_a, desc_b, scale_d, TA, TB, false, "mg_wgmma_m64n128k16_f16_ss"); }
 #endif
 
-// mg_kernel0: grid (2, 2, 2) x 128 threads, forloop 4; 106752 bytes of dynamic shared memory
-//   sm1 [0, 65536) input 1 tile [1, 64, 128] x 4 stages (TMA)
-//   sm2 [65536, 98304) input 2 tile [1, 128, 32] x 4 stages (TMA)
-//   sm0 [98304, 106496) input 0 tile [1, 64, 64]
-//   sm3 [106496, 106752) mbarriers: full and empty per stage
-MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_TMAP(tm0), MG_TMAP(tm1)) {
+// mg_kernel0: grid (2, 2, 2) x 128 threads, forloop 4; 33024 bytes of dynamic shared memory
+//   sm1 [0, 16384) input 1 tile [1, 64, 128] (TMA)
+//   sm4 [0, 16) whether this CTA finishes the block
+//   sm0 [16384, 24576) input 0 tile [1, 64, 64]
+//   sm2 [24576, 32768) input 2 tile [1, 128, 32] (TMA)
+//   sm3 [32768, 33024) mbarriers: full and empty per stage
+MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, MG_PARAM(const mg_half) p1, MG_PARAM(const mg_half) p2, MG_PARAM(mg_half) p3, MG_PARAM(float) mg_ws, MG_PARAM(unsigned) mg_ctr, MG_TMAP(tm0), MG_TMAP(tm1)) {
   MG_SHARED_DYN_1024(smem);
   const int tid = mg_tid_x(), lane = mg_lane(), warp = mg_warp();
   const int g_ = lane >> 2, t4_ = lane & 3;  // mma fragment row / column pair
-  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 98304);  // input 0 tile [1, 64, 64]
+  const int sp_ = mg_bid_z() / 2;  // which of the 4 CTAs of the loop
+  MG_SPTR(mg_half) const sm0 = (mg_half*)(smem + 16384);  // input 0 tile [1, 64, 64]
   const long long sm0g = (long long)mg_bid_x() * 8192 + (long long)mg_bid_y() * 4096;  // block's tile origin
   const int sm0t = ((((tid / 8)) * 64 + (tid % 8 * 8)) ^ (((((tid / 8)) * 64 + (tid % 8 * 8)) >> 3) & 56));  // this thread's first chunk
   const long long sm0e = sm0g + ((tid / 8)) * 64 + tid % 8 * 8;
-  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] x 4 stages (TMA)
-  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 65536);  // input 2 tile [1, 128, 32] x 4 stages (TMA)
-  MG_SPTR(unsigned long long) const sm3 = (unsigned long long*)(smem + 106496);  // mbarriers: full and empty per stage
+  MG_SPTR(mg_half) const sm1 = (mg_half*)(smem + 0);  // input 1 tile [1, 64, 128] (TMA)
+  MG_SPTR(mg_half) const sm2 = (mg_half*)(smem + 24576);  // input 2 tile [1, 128, 32] (TMA)
+  MG_SPTR(unsigned long long) const sm3 = (unsigned long long*)(smem + 32768);  // mbarriers: full and empty per stage
   const int f1m = warp / 1 % 4 * 16, f1n = warp % 1 * 32;  // [1,64,32] on 1x4x1 warps
-  const long long p3o = (long long)mg_bid_x() * 8192 + (long long)mg_bid_y() * 4096 + (long long)mg_bid_z() * 32;  // output 0 tile origin
+  const int tile_ = mg_bid_x() + 2 * (mg_bid_y() + 2 * (mg_bid_z() % 2));  // the block this CTA computes a share of
+  const long long ws_ = (long long)tile_ * 8704;  // its partials
+  MG_SPTR(int) const sm4 = (int*)(smem + 0);  // whether this CTA finishes the block
+  const long long p3o = (long long)mg_bid_x() * 8192 + (long long)mg_bid_y() * 4096 + (long long)(mg_bid_z() % 2) * 32;  // output 0 tile origin
   // warp-specialised pipeline: a producer warpgroup issues every TMA copy, the consumers compute
   if (tid == 0) {
-    for (int s_ = 0; s_ < 4; ++s_) {
+    for (int s_ = 0; s_ < 1; ++s_) {
       mg_mbar_init(sm3 + s_, 1);  // full: the producer's arrive.expect_tx, then the copies' bytes
-      mg_mbar_init(sm3 + 4 + s_, 128);  // empty: every consumer thread releases the stage
+      mg_mbar_init(sm3 + 1 + s_, 128);  // empty: every consumer thread releases the stage
     }
     mg_fence_mbar_init();
   }
@@ -60,13 +65,13 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     mg_setmaxnreg_dec<40>();
     if (tid == 128) {
       #pragma unroll 1
-      for (int it = 0; it < 4; ++it) {
-        const int s_ = it % 4;
-        mg_mbar_wait(sm3 + 4 + s_, ((it / 4) & 1) ^ 1);  // the consumers released stage s_
+      for (int it = 0; it < 1; ++it) {
+        const int s_ = it % 1;
+        mg_mbar_wait(sm3 + 1 + s_, ((it / 1) & 1) ^ 1);  // the consumers released stage s_
         mg_mbar_arrive_expect_tx(sm3 + s_, 24576);
-        mg_tma_load_3d(sm1 + s_ * 8192, &tm0, sm3 + s_, it * 128, 0, (int)mg_bid_x() * 1);
-        mg_tma_load_3d(sm1 + s_ * 8192 + 4096, &tm0, sm3 + s_, it * 128 + 64, 0, (int)mg_bid_x() * 1);
-        mg_tma_load_3d(sm2 + s_ * 4096, &tm1, sm3 + s_, (int)mg_bid_z() * 32, it * 128, (int)mg_bid_x() * 1);
+        mg_tma_load_3d(sm1 + s_ * 8192, &tm0, sm3 + s_, (sp_ * 1 + it) * 128, 0, (int)mg_bid_x() * 1);
+        mg_tma_load_3d(sm1 + s_ * 8192 + 4096, &tm0, sm3 + s_, (sp_ * 1 + it) * 128 + 64, 0, (int)mg_bid_x() * 1);
+        mg_tma_load_3d(sm2 + s_ * 4096, &tm1, sm3 + s_, (int)(mg_bid_z() % 2) * 32, (sp_ * 1 + it) * 128, (int)mg_bid_x() * 1);
       }
     }
     return;
@@ -94,16 +99,14 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
   mg_cp_async_wait_group<0>();
   mg_fence_proxy_async();  // generic writes become visible to wgmma
   mg_bar_sync(1, 128);
-#pragma unroll 1
-  for (int it = 0; it < 4; ++it) {
-    mg_mbar_wait(sm3 + it % 4, (it / 4) & 1);  // this trip's tiles landed (TMA)
-    MG_SPTR(mg_half) const sm1c = sm1 + it % 4 * 8192;
-    MG_SPTR(mg_half) const sm2c = sm2 + it % 4 * 4096;
+  {  // the loop's single iteration
+    const int it = 0;
+    mg_mbar_wait(sm3 + it % 1, (it / 1) & 1);  // this trip's tiles landed (TMA)
     float v0[1][1][16][4] = {};
     // matmul[1, 64, 128] on tensor cores (wgmma m64n128k16, A from shared memory)
     mg_wgmma_fence();
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm1c;
+      const mg_half* const bb_ = sm1;
       const mg_half* const a_ = sm0;
       #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -178,7 +181,7 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     }
     mg_wgmma_fence();
     for (int bi = 0; bi < 1; ++bi) {
-      const mg_half* const bb_ = sm2c;
+      const mg_half* const bb_ = sm2;
       #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         unsigned a_[4];
@@ -221,8 +224,70 @@ MG_GLOBAL void MG_LAUNCH_BOUNDS(256, 1) mg_kernel0(MG_PARAM(const mg_half) p0, M
     for (int h = 0; h < 2; ++h) {
       acc2[bi][mi][h] = acc2[bi][mi][h] + v4[bi][mi][h];
     }
-    mg_mbar_arrive(sm3 + 4 + it % 4);  // this thread is done with the trip's tiles
+    mg_mbar_arrive(sm3 + 1 + it % 1);  // this thread is done with the trip's tiles
   }
+  // publish this CTA's partial state (2176 floats)
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (t4_ == 0) mg_ws[ws_ + sp_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc0[bi][mi][h];
+  }
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    mg_ws[ws_ + sp_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid] = acc1[bi][mi][ni][q];
+  }
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (t4_ == 0) mg_ws[ws_ + sp_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)] = acc2[bi][mi][h];
+  }
+  mg_fence_proxy_async();  // generic writes become visible to wgmma
+  mg_bar_sync(1, 128);
+  // count this CTA in; the last of the 4 finishes the block
+  mg_threadfence();  // this CTA's partials are visible to the others before it counts in
+  mg_bar_sync(1, 128);
+  if (tid == 0) sm4[0] = mg_atomic_inc(&mg_ctr[tile_]) == 3;
+  mg_fence_proxy_async();  // generic writes become visible to wgmma
+  mg_bar_sync(1, 128);
+  // only the last CTA goes on
+  if (sm4[0] == 0) return;
+  mg_threadfence();
+  // combine the 4 partial states in split order: acc_max_last[1, 64, 1], acc_sum_rescale[1, 64, 32], acc_sum_last_rescale[1, 64, 1]
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float p_ = mg_ninf();
+    for (int k_ = 0; k_ < 4; ++k_) p_ = mg_fmax(p_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
+    acc0[bi][mi][h] = p_;
+  }
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float m_ = mg_ninf(), p_ = 0.0f;
+    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 64 + (((bi * 1 + mi) * 4 + ni) * 4 + q) * 128 + tid]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + (q >> 1)) * 32 + (tid >> 2)]) - m_);
+    acc1[bi][mi][ni][q] = p_;
+  }
+  for (int bi = 0; bi < 1; ++bi)
+  for (int mi = 0; mi < 1; ++mi)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m_ = mg_ninf(), p_ = 0.0f;
+    for (int k_ = 0; k_ < 4; ++k_) m_ = mg_fmax(m_, mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]));
+    for (int k_ = 0; k_ < 4; ++k_) p_ += mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 2112 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) * mg_exp(mg_ldcg(&mg_ws[ws_ + k_ * 2176 + 0 + ((bi * 1 + mi) * 2 + h) * 32 + (tid >> 2)]) - m_);
+    acc2[bi][mi][h] = p_;
+  }
+  if (tid == 0) mg_ctr[tile_] = 0;  // ready for the next launch
   float v5[1][1][4][4];
   // div[1, 64, 32] in registers
   for (int bi = 0; bi < 1; ++bi)
