@@ -273,19 +273,53 @@ def quick_equivalent(spec, graph, *, tests: int, seed: int) -> bool:
 
 def _at_reduced_shapes(spec, graph, config):
     """(reduced spec, the winner re-sized to it) as the search instantiates them, or None when
-    the spec is no larger than that or the structure does not re-size."""
+    the spec is no larger than that or the structure does not re-size. Iotas and tables are
+    inputs there, as in the search (`search.leaves`): an iota takes the reduced extents, a table
+    keeps its rigid dims; both are put back before the test."""
+    from mugraph.ir.errors import MugraphError
     from mugraph.search.instantiate import reduced_extents, reinstantiate_spec, resize
     from mugraph.search.labels import analyze
+    from mugraph.search.leaves import index_inputs, restore
     from mugraph.search.rules import canonicalize
     canonical, _ = canonicalize(spec)
-    analysis = analyze(canonical)
-    extents, constants = reduced_extents(analysis, canonical, config.reduced_extent)
-    reduced = reinstantiate_spec(canonical, analysis, extents)
-    if all(r.shape == s.shape for r, s in zip(reduced.inputs, spec.inputs)):
+    indexed, leaves = index_inputs(canonical)
+    winner = _leaves_as_inputs(graph, leaves, indexed)
+    if winner is None:
         return None
-    inverse = {real: small for small, real in constants.items()}
-    small = resize(graph, list(reduced.inputs), _first_fit(inverse), inverse)
-    return (reduced, small) if small is not None else None
+    analysis = analyze(indexed)
+    extents, constants = reduced_extents(analysis, indexed, config.reduced_extent)
+    try:
+        reduced = reinstantiate_spec(indexed, analysis, extents)
+        if all(r.shape == s.shape for r, s in zip(reduced.inputs, indexed.inputs)):
+            return None
+        inverse = {real: small for small, real in constants.items()}
+        small = resize(winner, list(reduced.inputs), _first_fit(inverse), inverse)
+        if small is None:
+            return None
+        own = list(reduced.inputs[:len(spec.inputs)])
+        return restore(reduced, leaves, own), restore(small, leaves, own)
+    except MugraphError:   # a structure that does not re-size: the caller tests the real shapes
+        return None
+
+
+def _leaves_as_inputs(graph, leaves, indexed):
+    """`graph` over `indexed`'s inputs: each of its iota and table leaves read as the input the
+    spec's same leaf became; None when the winner holds a leaf the spec does not."""
+    from mugraph.ir import KernelGraph
+    from mugraph.ir.ops import KOp
+    from mugraph.search.leaves import _rebuilt
+    if not leaves:
+        return graph
+    named = {leaf: name for name, leaf in leaves.items()}
+    by_name = {n.arg[0]: n for n in indexed.inputs}
+    mapping = {}
+    for node in graph.nodes:
+        if node.op in (KOp.IOTA, KOp.TABLE):
+            if node not in named:
+                return None
+            mapping[node] = by_name[named[node]]
+    extra = [by_name[name] for name in leaves]
+    return KernelGraph(_rebuilt(graph, mapping), list(graph.inputs) + extra, graph.output_names)
 
 
 def _first_fit(constants):
