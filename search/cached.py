@@ -279,11 +279,11 @@ def _at_reduced_shapes(spec, graph, config):
     from mugraph.ir.errors import MugraphError
     from mugraph.search.instantiate import reduced_extents, reinstantiate_spec, resize
     from mugraph.search.labels import analyze
-    from mugraph.search.leaves import index_inputs, restore
+    from mugraph.search.leaves import index_inputs, leaves_as_inputs, restore
     from mugraph.search.rules import canonicalize
     canonical, _ = canonicalize(spec)
     indexed, leaves = index_inputs(canonical)
-    winner = _leaves_as_inputs(graph, leaves, indexed)
+    winner = leaves_as_inputs(graph, leaves, indexed)
     if winner is None:
         return None
     analysis = analyze(indexed)
@@ -300,26 +300,6 @@ def _at_reduced_shapes(spec, graph, config):
         return restore(reduced, leaves, own), restore(small, leaves, own)
     except MugraphError:   # a structure that does not re-size: the caller tests the real shapes
         return None
-
-
-def _leaves_as_inputs(graph, leaves, indexed):
-    """`graph` over `indexed`'s inputs: each of its iota and table leaves read as the input the
-    spec's same leaf became; None when the winner holds a leaf the spec does not."""
-    from mugraph.ir import KernelGraph
-    from mugraph.ir.ops import KOp
-    from mugraph.search.leaves import _rebuilt
-    if not leaves:
-        return graph
-    named = {leaf: name for name, leaf in leaves.items()}
-    by_name = {n.arg[0]: n for n in indexed.inputs}
-    mapping = {}
-    for node in graph.nodes:
-        if node.op in (KOp.IOTA, KOp.TABLE):
-            if node not in named:
-                return None
-            mapping[node] = by_name[named[node]]
-    extra = [by_name[name] for name in leaves]
-    return KernelGraph(_rebuilt(graph, mapping), list(graph.inputs) + extra, graph.output_names)
 
 
 def _first_fit(constants):

@@ -57,6 +57,24 @@ def index_inputs(spec: KernelGraph) -> tuple[KernelGraph, dict[str, KNode]]:
     return KernelGraph(outputs, inputs, spec.output_names), leaves
 
 
+def leaves_as_inputs(graph: KernelGraph, leaves: dict[str, KNode], indexed: KernelGraph):
+    """`graph` (a sized winner, its leaves in place) over `indexed`'s inputs, the inverse of
+    `restore`: each IOTA or TABLE read as the input the spec's same leaf became (`leaves` and
+    `indexed` from `index_inputs` of the spec); None when it holds a leaf the spec does not."""
+    if not leaves:
+        return graph
+    named = {leaf: name for name, leaf in leaves.items()}
+    by_name = {n.arg[0]: n for n in indexed.inputs}
+    mapping = {}
+    for node in graph.nodes:
+        if node.op in _PREFIXES:
+            if node not in named:
+                return None
+            mapping[node] = by_name[named[node]]
+    return KernelGraph(_rebuilt(graph, mapping), list(graph.inputs) + [by_name[n] for n in leaves],
+                       graph.output_names)
+
+
 def restore(graph: KernelGraph, leaves: dict[str, KNode], spec_inputs) -> KernelGraph:
     """`graph` (over the spec's inputs and the leaf inputs, at any shapes) with each `%iota`
     input replaced by the IOTA leaf of its shape and each `%table` input by its TABLE; its

@@ -285,3 +285,23 @@ def test_a_damaged_nvrtc_cache_entry_is_compiled_again(tmp_path):
         meta.write_text("{truncated")
     again = compile_module.compile_cuda(source, "sm_80", cache_dir=tmp_path)
     assert again.cubin == first.cubin and "k" in again.kernels
+
+
+def _causal_softmax(keep):
+    def f(q, k):
+        s = q @ k.T
+        rows, cols = jnp.arange(s.shape[0])[:, None], jnp.arange(s.shape[1])[None, :]
+        return jax.nn.softmax(jnp.where(keep(rows, cols), s, -1e9), axis=-1)
+    shape = jax.ShapeDtypeStruct((512, 64), jnp.float16)
+    return ir.from_jax(f, shape, shape)
+
+
+def test_a_stored_winner_over_an_iota_mask_is_re_verified_at_the_reduced_shapes():
+    """A region whose mask is computed from iotas (gpt2's causal attention at 512 tokens): the
+    cache's re-verification reads the iotas as inputs, as the search does, and re-sizes them with
+    the rest (it raised ShapeError 'select of [512,512] and [128,128]' before, so a warm run lost
+    the region); a winner with the mask the other way round fails the same test."""
+    from mugraph.search.cached import reverify
+    spec = _causal_softmax(lambda r, c: r >= c)
+    assert reverify(spec, spec, SearchConfig()) == "of its structure at the reduced shapes"
+    assert reverify(spec, _causal_softmax(lambda r, c: r <= c), SearchConfig()) is None
